@@ -1,0 +1,25 @@
+"""MedClaw: an on-premise engine that answers questions about long surgical videos.
+
+Importing this package is cheap (no torch, no vLLM, no CUDA) and makes the process offline by
+construction: every library that could reach a model hub or send telemetry is told not to, before
+any of them is imported. Model references are local folders only (see `medclaw.models`).
+"""
+import os as _os
+
+# Set before transformers / huggingface_hub / vLLM are imported anywhere in this process (they read
+# these at import time). `setdefault` keeps an explicit user choice, except that we never allow
+# usage stats to be sent: a hospital deployment must not talk to the outside world.
+_OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+for _key, _value in _OFFLINE_ENV.items():
+    _os.environ[_key] = _value
+
+__version__ = "0.1.0"

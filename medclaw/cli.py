@@ -1,0 +1,65 @@
+"""The `medclaw` command.
+
+Each subcommand lives with the code it drives and is listed in `COMMANDS` as a lazily imported
+`"module:register"` string. A command module's top level must stay light (argparse only): heavy
+imports (torch, vLLM, decoders) happen inside its handler, so `medclaw --help` answers at once.
+
+A handler returns an exit status (or None for 0). `MedClawError` — bad input, not a bug — is
+printed as one line on stderr with exit status 2; anything else keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import medclaw
+from medclaw.errors import MedClawError
+
+# name → (module:function that adds the subparser, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ask": ("medclaw.engine.ask_cli:register", "answer a question about a video (the agent)"),
+    "models": ("medclaw.models.cli:register", "list presets, build tiny checkpoints, import weights"),
+    "video": ("medclaw.kernels.cli:register", "synthesise, probe and decode videos"),
+    "kb": ("medclaw.kb.cli:register", "build and search the local surgical knowledge base"),
+    "trace": ("medclaw.engine.trace_cli:register", "show an episode trace"),
+    "bench": ("medclaw.bench_cli:register", "benchmarks: decode, kv (JSON output)"),
+    "demo": ("medclaw.demo:register", "end-to-end demo on tiny random weights"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="medclaw",
+        description="MedClaw: answer questions about long surgical videos with local models only. "
+                    "Nothing leaves this machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"medclaw {medclaw.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (target, help_text) in COMMANDS.items():
+        module_name, function_name = target.split(":")
+        register = getattr(importlib.import_module(module_name), function_name)
+        register(subparsers.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        # `medclaw` or `medclaw GROUP` with no subcommand: show the relevant help.
+        (getattr(args, "group_parser", None) or parser).print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(handler(args) or 0)
+    except MedClawError as err:
+        print(f"medclaw: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("medclaw: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

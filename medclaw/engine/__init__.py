@@ -1,0 +1,1 @@
+"""Engine: generation backends, prompt layout, episode loop, budgets and traces."""
