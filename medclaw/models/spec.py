@@ -1,0 +1,53 @@
+"""ModelSpec: everything the engine needs to know to serve one model in one role.
+
+Swapping a backbone is editing one config entry (or passing `--preset`/`--model ROLE=PATH`), never
+code. `path` is always a local folder; nothing is ever fetched from a hub.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from medclaw.errors import ConfigError
+
+ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge", "encoder")
+OUTPUT_FORMATS = ("plain", "think_answer")          # think_answer: <think>…</think><answer>…</answer>
+TOOL_CALL_FORMATS = ("json_schema", "hermes")        # how the orchestrator emits tool calls
+QUANTIZATIONS = (None, "awq", "gptq", "fp8", "bnb-4bit", "bnb-8bit")
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    name: str                      # preset or user name, e.g. "qwen2.5-vl-7b"
+    path: str                      # local folder with config.json + weights + tokenizer
+    architecture: str = ""         # e.g. "Qwen2_5_VLForConditionalGeneration"
+    backend: str = "vllm"          # key of medclaw.engine.backends.BACKENDS
+    max_model_len: int = 32768
+    # visual budgets (VLMs only), same meaning as qwen-vl-utils
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    total_pixels: int = 24576 * 28 * 28
+    fps: float = 2.0
+    max_frames: int = 768
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    tool_call_format: str = "json_schema"
+    output_format: str = "plain"
+    endpoints: list[str] = field(default_factory=list)   # remote backend: OpenAI-compatible base URLs
+    extra: dict = field(default_factory=dict)             # backend-specific engine arguments
+
+    def __post_init__(self) -> None:
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ConfigError(f"model {self.name!r}: output_format must be one of {OUTPUT_FORMATS}")
+        if self.tool_call_format not in TOOL_CALL_FORMATS:
+            raise ConfigError(f"model {self.name!r}: tool_call_format must be one of {TOOL_CALL_FORMATS}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"model {self.name!r}: quantization must be one of {QUANTIZATIONS}")
+        if not (0 < self.min_pixels <= self.max_pixels):
+            raise ConfigError(f"model {self.name!r}: need 0 < min_pixels <= max_pixels")
+        if self.fps <= 0 or self.max_frames < 2:
+            raise ConfigError(f"model {self.name!r}: need fps > 0 and max_frames >= 2")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

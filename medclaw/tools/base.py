@@ -1,0 +1,50 @@
+"""The tool contract: a name, a description, a JSON schema for the arguments, and `run`.
+
+`run` gets the episode's `ToolContext` (the video, the engines by role, the shared frame source,
+the knowledge base, the skill library, the visual-token budget) and validated arguments, and
+returns an `Observation`. Mistakes the *model* made (a time past the end, an unparseable sub-agent
+reply) come back as `Observation(error=...)` for the orchestrator to read; bugs in our code raise.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from medclaw.types import Observation, VideoInfo
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """Everything a tool may use during one episode. Shared engines, per-episode state."""
+
+    video: VideoInfo
+    question: str
+    backends: dict[str, Any]           # role ("video_expert", "frame_verifier", ...) -> Backend
+    specs: dict[str, Any]              # role -> ModelSpec (pixel / fps budgets)
+    frames: Any                        # kernels.frames.FrameSource, shared by all episodes
+    knowledge_base: Any = None         # kb.search.KnowledgeBase or None
+    skills: Any = None                 # skills.library.SkillLibrary or None
+    visual_tokens_used: int = 0        # charged by the tools, checked by the episode budget
+    visual_token_budget: int = 10 ** 9
+    state: dict = field(default_factory=dict)   # tool-private memory, e.g. stage-1 conversation
+
+    @property
+    def visual_tokens_left(self) -> int:
+        return max(0, self.visual_token_budget - self.visual_tokens_used)
+
+
+class Tool(abc.ABC):
+    name: str = ""
+    description: str = ""
+    #: JSON schema of the arguments object. Keep fields bounded (enums, min/max) so that
+    #: constrained decoding stays tight even for weak models.
+    parameters: dict = {"type": "object", "properties": {}, "required": []}
+
+    @abc.abstractmethod
+    async def run(self, ctx: ToolContext, args: dict) -> Observation:
+        """Execute the tool with already schema-validated `args`."""
+
+    def spec(self) -> dict:
+        """What the orchestrator's system prompt and the action schema are built from."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
