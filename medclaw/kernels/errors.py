@@ -36,3 +36,11 @@ class FrameTooLargeError(VideoError):
 
 class DecodeTimeoutError(VideoError):
     """Decoding took longer than the configured timeout."""
+
+
+class EncoderError(VideoError):
+    """ffmpeg is missing, or failed while writing a video."""
+
+
+class InvalidCropError(VideoError):
+    """A crop box is malformed or outside the frame (normalised 0 <= x1 < x2 <= 1, same for y)."""

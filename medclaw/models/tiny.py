@@ -44,6 +44,7 @@ BPE_VOCAB_SIZE = 1024
 TEXT_SIZES = dict(
     hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=1, head_dim=64, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    max_window_layers=2,
 )
 VISION_SIZES = dict(
     depth=2, hidden_size=64, intermediate_size=128, num_heads=1, out_hidden_size=128,
@@ -82,33 +83,33 @@ VLM_CHAT_TEMPLATE = (
 
 # ChatML with Qwen2.5's hermes-style tool section; content may be a string or a list of text parts.
 LLM_CHAT_TEMPLATE = (
-    "{%- macro text(content) -%}{%- if content is string -%}{{ content }}"
-    "{%- elif content -%}{%- for part in content -%}{%- if 'text' in part -%}{{ part['text'] }}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}"
-    "{%- if messages[0]['role'] == 'system' -%}{%- set system = text(messages[0]['content']) -%}"
-    "{%- set rest = messages[1:] -%}{%- else -%}{%- set system = 'You are a helpful assistant.' -%}"
-    "{%- set rest = messages -%}{%- endif -%}"
+    "{% macro text(content) %}{% if content is string %}{{ content }}"
+    "{% elif content %}{% for part in content %}{% if 'text' in part %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}{% endmacro %}"
+    "{% if messages[0]['role'] == 'system' %}{% set system = text(messages[0]['content']) %}"
+    "{% set rest = messages[1:] %}{% else %}{% set system = 'You are a helpful assistant.' %}"
+    "{% set rest = messages %}{% endif %}"
     "<|im_start|>system\n{{ system }}"
-    "{%- if tools -%}\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
+    "{% if tools %}\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
     "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-    "{%- for tool in tools -%}\n{{ tool | tojson }}{%- endfor -%}\n</tools>\n\n"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within "
     "<tool_call></tool_call> XML tags:\n<tool_call>\n"
     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
-    "{%- endif -%}<|im_end|>\n"
-    "{%- for message in rest -%}"
-    "{%- if message['role'] == 'tool' -%}"
+    "{% endif %}<|im_end|>\n"
+    "{% for message in rest %}"
+    "{% if message['role'] == 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ text(message['content']) }}\n</tool_response><|im_end|>\n"
-    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') -%}"
+    "{% elif message['role'] == 'assistant' and message.get('tool_calls') %}"
     "<|im_start|>assistant\n{{ text(message['content']) }}"
-    "{%- for call in message['tool_calls'] -%}{%- set fn = call['function'] if 'function' in call else call -%}"
+    "{% for call in message['tool_calls'] %}{% set fn = call['function'] if 'function' in call else call %}"
     "\n<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
     "{{ fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson }}}\n</tool_call>"
-    "{%- endfor -%}<|im_end|>\n"
-    "{%- else -%}"
+    "{% endfor %}<|im_end|>\n"
+    "{% else %}"
     "<|im_start|>{{ message['role'] }}\n{{ text(message['content']) }}<|im_end|>\n"
-    "{%- endif -%}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 # A fixed corpus, so the BPE merges (and thus token ids) never depend on the machine.
@@ -237,6 +238,8 @@ def _save_tokenizer(folder: Path, tokenizer, chat_template: str) -> None:
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "Qwen2Tokenizer"
+    if not (folder / "processor_config.json").exists():
+        config.pop("processor_class", None)      # a text model: AutoProcessor = the tokenizer
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 

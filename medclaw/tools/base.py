@@ -34,6 +34,12 @@ class ToolContext:
         return max(0, self.visual_token_budget - self.visual_tokens_used)
 
 
+class ToolError(Exception):
+    """A problem the *model* caused inside a tool (a time past the end, a region with x1 >= x2,
+    an unparseable sub-agent reply, the visual budget spent). The registry turns it into
+    `Observation(error=str(err))`; the message is written for the orchestrator to read and fix."""
+
+
 class Tool(abc.ABC):
     name: str = ""
     description: str = ""

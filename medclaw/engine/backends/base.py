@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 
-from medclaw.types import GenRequest, GenResult
+from medclaw.types import GenRequest, GenResult, MediaItem
 
 
 class Backend(abc.ABC):
@@ -29,3 +29,79 @@ class Backend(abc.ABC):
 
     async def close(self) -> None:
         """Release engine resources. Safe to call twice."""
+
+
+# ------------------------------------------------------------------ helpers shared by backends
+
+OFFLINE_ENV = {
+    # Nothing leaves the machine: no hub lookups, no usage statistics, no telemetry.
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+
+
+def set_offline_env() -> None:
+    """Force offline mode before vLLM / transformers are imported (user settings cannot undo it)."""
+    import os
+
+    os.environ.update(OFFLINE_ENV)
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """GenRequest messages → what a HF chat template expects.
+
+    Media parts lose their uuid (the template only needs a placeholder per part); a message made of
+    text parts only becomes a plain string, which text-only templates (Qwen2, ChatML) require.
+    """
+    out = []
+    for message in messages:
+        content = message.get("content", "")
+        if isinstance(content, list):
+            if all(part.get("type") == "text" for part in content):
+                content = "".join(part.get("text", "") for part in content)
+            else:
+                content = [{"type": part["type"]} if part.get("type") in ("video", "image")
+                           else {"type": "text", "text": part.get("text", "")} for part in content]
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def media_in_order(request: GenRequest) -> list[MediaItem]:
+    """The request's MediaItems in placeholder order (one per media part, repeats included)."""
+    by_uuid = {item.uuid: item for item in request.media}
+    items = []
+    for message in request.messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if part.get("type") in ("video", "image"):
+                item = by_uuid.get(part.get("uuid"))
+                if item is None:
+                    raise ValueError(f"media part {part.get('uuid')!r} has no MediaItem in the request")
+                if item.kind != part["type"]:
+                    raise ValueError(f"media {item.uuid!r} is a {item.kind}, used as {part['type']}")
+                items.append(item)
+    return items
+
+
+def video_metadata(item: MediaItem) -> dict:
+    """HF/vLLM video metadata for already-sampled frames (`do_sample_frames=False`).
+
+    The clip is described as itself (indices 0..T-1 at the sampling fps) rather than by its
+    source indices: transformers derives the temporal spacing Qwen2.5-VL encodes from
+    `len(frames_indices) / total_num_frames * fps`, which for a window of a longer video is only
+    right when the clip is its own whole.
+    """
+    num_frames = int(item.frames.shape[0])
+    fps = float(item.fps) if item.fps > 0 else 2.0
+    return {
+        "fps": fps,
+        "frames_indices": list(range(num_frames)),
+        "total_num_frames": num_frames,
+        "duration": num_frames / fps,
+        "do_sample_frames": False,
+    }

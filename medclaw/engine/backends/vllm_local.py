@@ -1,0 +1,232 @@
+"""In-process vLLM backend: one `AsyncLLM` engine per model, shared by every caller.
+
+Contract:
+- `VLLMBackend(spec)` starts the engine (blocking, ~40 s on CPU) on a dedicated background thread
+  that runs its own asyncio loop. `await backend.generate(requests)` works from *any* event loop
+  (test loops, the CLI's loop, server workers): each request is submitted to the engine loop with
+  `run_coroutine_threadsafe` and awaited through `wrap_future`, so concurrent episodes land in one
+  engine and vLLM batches them. Cancelling the awaiting task aborts the request in vLLM.
+- Prompts are rendered with the model's own chat template (media parts become the vision
+  placeholders), media travel as `multi_modal_data` (video: `(uint8 (T,H,W,3), metadata)`, image:
+  uint8 (H,W,3)) with `multi_modal_uuids` = `MediaItem.uuid`, so prefix caching recognises a clip
+  by identity, not pixels (DESIGN.md rule 2). Prefix caching is always on.
+- `GenRequest.json_schema` is enforced by xgrammar with `disable_any_whitespace=True` (STACK.md:
+  without it random weights fill the grammar's whitespace until `max_tokens`).
+- Each `GenResult` carries prompt / completion / cached tokens (`RequestOutput.num_cached_tokens`),
+  latency, the model name and `revision_hash(spec.path)`, the finish reason, and the answer /
+  reasoning split of `spec.output_format`.
+- `close()` (or `shutdown()`) stops the engine core process and the loop thread; it also runs at
+  interpreter exit, so a forgotten backend does not hang the process.
+
+Engine arguments come from the spec (max_model_len, tensor/data parallel sizes, quantization,
+gpu_memory_utilization) plus `spec.extra`, passed through verbatim to `AsyncEngineArgs` (e.g.
+`block_size`, `kv_cache_memory_bytes`, `enforce_eager`, `load_format: dummy`, `limit_mm_per_prompt`).
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from medclaw.engine.backends.base import (
+    Backend, media_in_order, set_offline_env, template_messages, video_metadata,
+)
+from medclaw.engine.output_format import split_output
+from medclaw.errors import ConfigError
+from medclaw.models.spec import ModelSpec
+from medclaw.types import GenRequest, GenResult
+
+# ModelSpec.quantization → vLLM's `quantization` argument
+QUANTIZATION_TO_VLLM: dict[str | None, str | None] = {
+    None: None, "awq": "awq", "gptq": "gptq", "fp8": "fp8",
+    "bnb-4bit": "bitsandbytes", "bnb-8bit": "bitsandbytes",
+}
+# Per-prompt media limits for VLMs: view_full_video stage 2 carries the stage-1 video plus the
+# hi-res window; frame tools send a handful of images. vLLM profiles memory for this many items.
+DEFAULT_MM_LIMITS = {"video": 2, "image": 8}
+# vLLM on CPU defaults to 128-token KV blocks; prefix caching reuses whole blocks only, so up to
+# 127 tokens of every shared prefix would be recomputed. 32 is the smallest size the CPU attention
+# runs at full speed (it prefers multiples of 32). GPUs keep vLLM's own default (16).
+CPU_BLOCK_SIZE = 32
+START_TIMEOUT_S = 1800.0
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def _is_multimodal(model_path: str) -> bool:
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "vision_config" in config
+
+
+def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
+    """AsyncEngineArgs keyword arguments for `spec` (without the config objects)."""
+    kwargs: dict = {
+        "model": spec.path,
+        "tokenizer": spec.path,
+        "served_model_name": spec.name,
+        "max_model_len": spec.max_model_len,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "data_parallel_size": spec.data_parallel_size,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "enable_prefix_caching": True,
+        "disable_log_stats": True,
+        "seed": 0,
+    }
+    if (quant := QUANTIZATION_TO_VLLM[spec.quantization]) is not None:
+        kwargs["quantization"] = quant
+    if _is_multimodal(spec.path):
+        kwargs["limit_mm_per_prompt"] = dict(DEFAULT_MM_LIMITS)
+    if on_cpu:
+        kwargs["block_size"] = CPU_BLOCK_SIZE
+    kwargs.update(spec.extra)
+    return kwargs
+
+
+class VLLMBackend(Backend):
+    supports_json_schema = True
+    supports_media = True
+
+    def __init__(self, spec: ModelSpec):
+        if not (Path(spec.path) / "config.json").is_file():
+            raise ConfigError(f"model {spec.name!r}: no config.json in {spec.path}")
+        from medclaw.models.store import revision_hash
+
+        self.spec = spec
+        self.model_name = spec.name
+        self.model_revision = revision_hash(spec.path)
+        self._engine = None
+        self._closed = False
+        self._tokenizer = _load_chat_tokenizer(spec.path)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name=f"vllm-{spec.name}", daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(START_TIMEOUT_S)
+        except BaseException:
+            self.shutdown()
+            raise
+        atexit.register(self.shutdown)
+
+    # ------------------------------------------------------------------ engine thread side
+
+    async def _start(self) -> None:
+        set_offline_env()
+        from vllm.config import StructuredOutputsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kwargs = engine_kwargs(self.spec, on_cpu=current_platform.is_cpu())
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True)
+        try:
+            args = AsyncEngineArgs(**kwargs)
+        except TypeError as err:
+            raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
+        self._engine = AsyncLLM.from_engine_args(args)
+
+    async def _run(self, prompt: dict, params, request_id: str):
+        final = None
+        async for output in self._engine.generate(
+                prompt, params, request_id=request_id,
+                # the chat template already wrote BOS / special tokens; don't add them twice
+                tokenization_kwargs={"add_special_tokens": False}):
+            final = output
+        return final
+
+    async def _stop(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    # ------------------------------------------------------------------ caller side
+
+    def render(self, request: GenRequest) -> dict:
+        """The vLLM prompt dict for `request`: text with placeholders, media data and uuids."""
+        text = self._tokenizer.apply_chat_template(
+            template_messages(request.messages), tokenize=False, add_generation_prompt=True)
+        prompt: dict = {"prompt": text}
+        data: dict[str, list] = {}
+        uuids: dict[str, list] = {}
+        for item in media_in_order(request):
+            if item.kind == "video":
+                data.setdefault("video", []).append((item.frames, video_metadata(item)))
+            else:
+                data.setdefault("image", []).append(item.frames)
+            uuids.setdefault(item.kind, []).append(item.uuid)
+        if data:
+            prompt["multi_modal_data"] = data
+            prompt["multi_modal_uuids"] = uuids
+        return prompt
+
+    def sampling_params(self, request: GenRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = (StructuredOutputsParams(json=request.json_schema)
+                      if request.json_schema is not None else None)
+        return SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
+                              seed=request.seed, structured_outputs=structured)
+
+    async def _generate_one(self, request: GenRequest) -> GenResult:
+        if self._closed or self._engine is None:
+            raise RuntimeError(f"vLLM backend {self.model_name!r} is closed")
+        prompt, params = self.render(request), self.sampling_params(request)
+        request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        started = time.perf_counter()
+        future = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id), self._loop)
+        output = await asyncio.wrap_future(future)
+        latency = time.perf_counter() - started
+        completion = output.outputs[0]
+        split = split_output(completion.text, self.spec.output_format)
+        return GenResult(
+            text=split.answer, reasoning=split.reasoning,
+            model_name=self.model_name, model_revision=self.model_revision,
+            num_prompt_tokens=len(output.prompt_token_ids or ()),
+            num_completion_tokens=len(completion.token_ids),
+            num_cached_tokens=int(output.num_cached_tokens or 0),
+            latency_s=latency, finish_reason=str(completion.finish_reason or ""))
+
+    async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    def shutdown(self) -> None:
+        """Stop the engine and its loop thread (blocking; safe to call twice)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(SHUTDOWN_TIMEOUT_S)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(SHUTDOWN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+
+def _load_chat_tokenizer(model_path: str):
+    """The tokenizer whose chat template renders prompts (the processor's template as fallback)."""
+    set_offline_env()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if getattr(tokenizer, "chat_template", None) is None:
+        from transformers import AutoProcessor
+
+        template = getattr(AutoProcessor.from_pretrained(model_path), "chat_template", None)
+        if template is None:
+            raise ConfigError(f"model at {model_path} has no chat template")
+        tokenizer.chat_template = template
+    return tokenizer

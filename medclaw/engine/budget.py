@@ -1,0 +1,82 @@
+"""The budgets of one episode: orchestrator steps, visual tokens, wall-clock time — and the
+orchestrator's context window, which must still hold the next turn.
+
+`Budget` only measures; the episode loop decides. Visual tokens are charged by the tools on the
+`ToolContext` (`visual_tokens_used`), so the budget reads them from there instead of keeping a
+second count that could drift. The context estimate (`context_tokens`) is set by the loop after
+each turn (prompt + completion + the coming observation); when it plus the reply's token
+allowance would not fit `max_context_tokens` (the orchestrator's max_model_len), the episode must
+answer now rather than fail on an over-long prompt. `exhausted()` names the first budget that is spent (or None);
+`warning()` returns one line for the model once any budget crosses `warn_at`, so the orchestrator
+can wrap up on its own before the loop forces an answer.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from medclaw.engine.config import EpisodeConfig
+
+
+@dataclass(slots=True)
+class Budget:
+    config: EpisodeConfig
+    ctx: object = None                     # ToolContext: visual_tokens_used / visual_token_budget
+    steps_used: int = 0
+    started_at: float = 0.0                # set from `clock` on construction
+    clock: object = time.monotonic         # injectable for tests
+    max_context_tokens: int = 0            # orchestrator's max_model_len; 0 = unchecked
+    context_tokens: int = 0                # estimated prompt size of the next orchestrator call
+    reply_tokens: int = 0                  # tokens a reply may take (orchestrator_max_tokens)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock()
+
+    # --- measurements -------------------------------------------------------------------------
+    @property
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started_at
+
+    @property
+    def visual_tokens_used(self) -> int:
+        return int(getattr(self.ctx, "visual_tokens_used", 0) or 0)
+
+    @property
+    def steps_left(self) -> int:
+        return max(0, self.config.max_steps - self.steps_used)
+
+    def fractions(self) -> dict[str, float]:
+        """Fraction of each budget spent, 0..1+."""
+        return {
+            "steps": self.steps_used / self.config.max_steps,
+            "visual_tokens": self.visual_tokens_used / self.config.visual_token_budget,
+            "wall_time": self.elapsed_s / self.config.max_wall_s,
+        }
+
+    # --- decisions ----------------------------------------------------------------------------
+    def exhausted(self) -> str | None:
+        """The first spent budget as a short phrase, or None while all have room."""
+        for name, fraction in self.fractions().items():
+            if fraction >= 1.0:
+                return f"{name.replace('_', ' ')} budget spent"
+        if self.max_context_tokens and \
+                self.context_tokens + self.reply_tokens > self.max_context_tokens:
+            return "context window nearly full"
+        return None
+
+    def warning(self) -> str | None:
+        """One line for the model once any budget has crossed `warn_at` (None before that)."""
+        fr = self.fractions()
+        if max(fr.values()) < self.config.warn_at:
+            return None
+        return (f"BUDGET WARNING: {self.steps_left} step(s) left of {self.config.max_steps}; "
+                f"visual tokens {self.visual_tokens_used}/{self.config.visual_token_budget}; "
+                f"time {self.elapsed_s:.0f}/{self.config.max_wall_s:.0f} s. "
+                "Gather only what you still need, then call final_answer.")
+
+    def to_dict(self) -> dict:
+        return {"steps_used": self.steps_used, "max_steps": self.config.max_steps,
+                "visual_tokens_used": self.visual_tokens_used,
+                "visual_token_budget": self.config.visual_token_budget,
+                "elapsed_s": round(self.elapsed_s, 3), "max_wall_s": self.config.max_wall_s,
+                "context_tokens": self.context_tokens, "max_context_tokens": self.max_context_tokens}

@@ -1,0 +1,100 @@
+"""Episode / runtime configuration: one slots dataclass, validated on construction.
+
+`EpisodeConfig` holds everything that bounds one agent episode (steps, visual tokens, wall time),
+how the orchestrator samples, where traces go and how many episodes may run at once. Values come,
+lowest priority first, from the dataclass defaults, the `episode:` section of a user YAML config
+file (the same file whose `models:` section `medclaw.models.registry` reads), then CLI flags.
+Unknown keys and out-of-range values raise `ConfigError` with a one-line message.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from medclaw.errors import ConfigError
+
+
+@dataclass(slots=True)
+class EpisodeConfig:
+    max_steps: int = 8                   # orchestrator turns before a forced answer
+    visual_token_budget: int = 200_000   # visual tokens all tools of one episode may spend
+    max_wall_s: float = 900.0            # wall-clock seconds before a forced answer
+    warn_at: float = 0.75                # fraction of any budget at which the model is warned
+    max_consecutive_failures: int = 3    # malformed / failed tool calls in a row → forced answer
+    orchestrator_max_tokens: int = 512
+    orchestrator_temperature: float = 0.0
+    forced_answer_max_tokens: int = 256
+    trace_dir: str = "artifacts/traces"
+    concurrency: int = 8                 # episodes in flight at once in a batch
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.max_steps, int) and self.max_steps >= 1, "max_steps must be an integer >= 1")
+        _check(isinstance(self.visual_token_budget, int) and self.visual_token_budget >= 1,
+               "visual_token_budget must be an integer >= 1")
+        _check(_is_number(self.max_wall_s) and self.max_wall_s > 0, "max_wall_s must be > 0")
+        _check(_is_number(self.warn_at) and 0 < self.warn_at <= 1, "warn_at must be in (0, 1]")
+        _check(isinstance(self.max_consecutive_failures, int) and self.max_consecutive_failures >= 1,
+               "max_consecutive_failures must be an integer >= 1")
+        _check(isinstance(self.orchestrator_max_tokens, int) and self.orchestrator_max_tokens >= 16,
+               "orchestrator_max_tokens must be an integer >= 16")
+        _check(isinstance(self.forced_answer_max_tokens, int) and self.forced_answer_max_tokens >= 16,
+               "forced_answer_max_tokens must be an integer >= 16")
+        _check(_is_number(self.orchestrator_temperature) and 0 <= self.orchestrator_temperature <= 2,
+               "orchestrator_temperature must be in [0, 2]")
+        _check(isinstance(self.trace_dir, str) and self.trace_dir != "", "trace_dir must be a non-empty path")
+        _check(isinstance(self.concurrency, int) and self.concurrency >= 1, "concurrency must be an integer >= 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "EpisodeConfig":
+        """Build from a mapping (e.g. the `episode:` YAML section); unknown keys are errors."""
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"episode config: unknown key(s) {unknown}; known: {sorted(known)}")
+        # YAML gives ints for "600"; accept ints where floats are expected.
+        for name in ("max_wall_s", "warn_at", "orchestrator_temperature"):
+            if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
+                data[name] = float(data[name])
+        return cls(**data)
+
+    def replace(self, **overrides) -> "EpisodeConfig":
+        """A copy with `overrides` applied (None values are ignored: unset CLI flags)."""
+        merged = self.to_dict()
+        merged.update({k: v for k, v in overrides.items() if v is not None})
+        return EpisodeConfig.from_dict(merged)
+
+
+def load_episode_config(config_path: str | Path | None = None, **overrides) -> EpisodeConfig:
+    """Defaults ← `episode:` section of `config_path` (if given) ← non-None `overrides`."""
+    section: dict = {}
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        import yaml
+
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            line = getattr(getattr(err, "problem_mark", None), "line", None)
+            where = f" (line {line + 1})" if line is not None else ""
+            raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        section = doc.get("episode") or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"config file {path}: `episode:` must be a mapping")
+    return EpisodeConfig.from_dict(section).replace(**overrides)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"episode config: {message}")

@@ -1,0 +1,268 @@
+"""One agent episode: question + video → reason-act loop over the tools → answer + trace.
+
+    result = await run_episode(question, video_path, runtime, config)
+
+The loop, each step three verbs — *think* (one orchestrator call on the append-only
+conversation, schema-constrained when the backend enforces JSON schemas), *act* (parse the
+action, run the tool), *record* (append the observation as the next user turn, write the trace
+step). It ends in exactly one of:
+
+- `answered`       the orchestrator called final_answer;
+- `forced_answer`  a budget (steps, visual tokens, wall time) was spent, or the model failed N
+                   calls in a row: one last orchestrator call constrained to final_answer;
+- `failed: <why>`  no answer could be obtained (the forced call was unusable), or our code raised
+                   — then the trace is saved with that status and the exception propagates.
+
+Model mistakes (malformed JSON, unknown tool, bad arguments, a tool's `Observation.error`) are
+appended as error observations and the loop continues. The video is probed first (off the event
+loop), so a bad path fails in seconds, before any engine is asked for.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from medclaw.engine.budget import Budget
+from medclaw.engine.config import EpisodeConfig
+from medclaw.engine.orchestrator_prompt import (
+    build_question_turn, build_system_prompt, forced_answer_turn, format_observation,
+)
+from medclaw.engine.trace import Step, TraceWriter, compute_totals, trace_path_for
+from medclaw.types import Observation, VideoInfo
+
+FINAL_TOOL = "final_answer"
+
+
+@dataclass(slots=True)
+class EpisodeResult:
+    answer: str | None
+    status: str                      # "answered" | "forced_answer" | "failed: <why>"
+    steps: int
+    trace_path: str | None
+    episode_id: str = ""
+    evidence_times: list = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The `medclaw ask --json` shape."""
+        return {"answer": self.answer, "status": self.status, "steps": self.steps,
+                "trace": self.trace_path}
+
+
+StepCallback = Callable[[Step, "Budget"], None]
+
+
+async def run_episode(question: str, video_path: str, runtime, config: EpisodeConfig, *,
+                      episode_id: str | None = None, video_info: VideoInfo | None = None,
+                      on_step: StepCallback | None = None) -> EpisodeResult:
+    """Answer `question` about `video_path` with the engines of `runtime` (see module docstring)."""
+    if not question or not question.strip():
+        from medclaw.errors import MedClawError
+
+        raise MedClawError("the question is empty")
+    if video_info is None:
+        from medclaw.kernels.probe import probe_video
+
+        # Probing hashes the file and may run a decoder: keep it off the event loop so that
+        # concurrent episodes keep going meanwhile.
+        video_info = await asyncio.to_thread(probe_video, video_path)
+    episode_id = episode_id or uuid.uuid4().hex[:12]
+    episode = _Episode(question, video_info, runtime, config, episode_id, on_step)
+    return await episode.run()
+
+
+class _Episode:
+    """State of one running episode; `run` is the loop."""
+
+    def __init__(self, question, video, runtime, config, episode_id, on_step):
+        from medclaw.engine.prompt import Conversation
+        from medclaw.tools.base import ToolContext
+
+        self.question, self.video, self.runtime, self.config = question, video, runtime, config
+        self.episode_id, self.on_step = episode_id, on_step
+        self.registry = runtime.registry
+        self.tool_specs = self.registry.specs()
+        self.final_specs = [s for s in self.tool_specs if s["name"] == FINAL_TOOL]
+        if not self.final_specs:
+            raise RuntimeError(f"tool registry has no {FINAL_TOOL!r} tool")
+        self.ctx = ToolContext(
+            video=video, question=question, backends=runtime.backends_view(), specs=runtime.specs,
+            frames=runtime.frames, knowledge_base=runtime.knowledge_base, skills=runtime.skills,
+            visual_token_budget=config.visual_token_budget)
+        orchestrator_spec = runtime.specs.get("orchestrator")
+        self.budget = Budget(config=config, ctx=self.ctx, reply_tokens=config.orchestrator_max_tokens,
+                             max_context_tokens=getattr(orchestrator_spec, "max_model_len", 0) or 0)
+        skill_index = runtime.skills.index_text() if runtime.skills is not None else None
+        self.conversation = Conversation(system=build_system_prompt(self.tool_specs, skill_index))
+        self.conversation.add_user(build_question_turn(video, question))
+        self.steps: list[Step] = []
+        self.trace_path = trace_path_for(config.trace_dir, episode_id)
+        self.writer: TraceWriter | None = None
+        self.answer: str | None = None
+        self.evidence_times: list = []
+
+    # --- the loop -----------------------------------------------------------------------------
+    async def run(self) -> EpisodeResult:
+        self.writer = TraceWriter(self.trace_path)
+        self.writer.header(episode_id=self.episode_id, question=self.question,
+                           video=self.video.to_dict(), config=self.config.to_dict(),
+                           models=self.runtime.model_info(),
+                           tools=[s["name"] for s in self.tool_specs])
+        try:
+            status = await self._loop()
+        except BaseException as err:         # our bug, or cancellation: save, then re-raise
+            self._finish(f"failed: {type(err).__name__}: {_one_line(err)}",
+                         error=traceback.format_exc(limit=8))
+            try:                             # let batch runners report where the trace is
+                err.medclaw_trace = (str(self.trace_path), len(self.steps))
+            except AttributeError:
+                pass
+            raise
+        self._finish(status)
+        return EpisodeResult(answer=self.answer, status=status, steps=len(self.steps),
+                             trace_path=str(self.trace_path), episode_id=self.episode_id,
+                             evidence_times=self.evidence_times, totals=self._totals())
+
+    async def _loop(self) -> str:
+        orchestrator = await self.runtime.get_backend("orchestrator")
+        schema = None
+        if orchestrator.supports_json_schema:
+            from medclaw.engine.toolcall import action_schema
+
+            schema = action_schema(self.tool_specs)
+        failures = 0
+        while True:
+            reason = self.budget.exhausted()
+            if reason is None and failures >= self.config.max_consecutive_failures:
+                reason = f"{failures} failed tool calls in a row"
+            if reason is not None:
+                return await self._forced_answer(orchestrator, reason)
+            step = await self._step(orchestrator, schema, self.tool_specs, kind="action")
+            if step.error is None and step.data.get("is_final"):
+                return "answered"
+            failures = failures + 1 if step.error else 0
+            turn = format_observation(step.index, step.tool, _obs_of(step), self.budget.warning())
+            self.conversation.add_user(turn)
+            self.budget.context_tokens = _next_prompt_tokens(step.orchestrator_call, turn)
+
+    async def _forced_answer(self, orchestrator, reason: str) -> str:
+        schema = None
+        if orchestrator.supports_json_schema:
+            from medclaw.engine.toolcall import action_schema
+
+            schema = action_schema(self.final_specs)
+        self.conversation.add_user(forced_answer_turn(reason))
+        step = await self._step(orchestrator, schema, self.final_specs, kind="forced_answer",
+                                max_tokens=self.config.forced_answer_max_tokens)
+        if step.error is None and step.data.get("is_final"):
+            return "forced_answer"
+        return f"failed: no usable answer after {reason} ({_one_line(step.error or 'no answer')})"
+
+    async def _step(self, orchestrator, schema, specs, *, kind, max_tokens=None) -> Step:
+        """Think (one orchestrator call), act (parse + tool), record (trace line)."""
+        from medclaw.engine.toolcall import ActionError, parse_action
+
+        step = Step(index=len(self.steps) + 1, kind=kind, started_at_s=self.budget.elapsed_s)
+        request = self.conversation.to_request(
+            max_tokens=max_tokens or self.config.orchestrator_max_tokens,
+            temperature=self.config.orchestrator_temperature, json_schema=schema,
+            request_id=f"{self.episode_id}-s{step.index}")
+        result = await orchestrator.generate_one(request)
+        self.budget.steps_used += 1
+        self.conversation.add_assistant(result.text)
+        step.orchestrator_call, step.raw_output = result, result.text
+
+        action = parse_action(result.text, specs)
+        if isinstance(action, ActionError):
+            step.error = action.message
+        else:
+            step.tool, step.args, step.thought = action.tool, action.args, action.thought
+            started = time.monotonic()
+            obs = await self.registry.run(self.ctx, action.tool, action.args)
+            step.tool_latency_s = time.monotonic() - started
+            step.observation, step.error = obs.text, obs.error
+            step.frames, step.model_calls, step.data = list(obs.frames), list(obs.model_calls), dict(obs.data)
+            if obs.error is None and obs.data.get("is_final"):
+                self.answer = obs.data.get("answer", obs.text)
+                self.evidence_times = list(obs.data.get("evidence_times") or [])
+        step.budget = self.budget.to_dict()
+        self.steps.append(step)
+        self.writer.step(step)
+        if self.on_step is not None:
+            self.on_step(step, self.budget)
+        return step
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def _totals(self) -> dict:
+        return compute_totals(self.steps, visual_tokens_used=self.ctx.visual_tokens_used,
+                              wall_s=self.budget.elapsed_s)
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        if self.writer is None or self.writer.closed:
+            return
+        fields = dict(answer=self.answer, status=status, evidence_times=self.evidence_times,
+                      totals=self._totals())
+        if error:
+            fields["error"] = error
+        self.writer.footer(**fields)
+
+
+def _next_prompt_tokens(call, turn: str) -> int:
+    """The next orchestrator prompt's size: this prompt + this reply + the new turn (estimated at
+    2 characters per token — conservative for real tokenizers, about right for the tiny BPE)."""
+    return call.num_prompt_tokens + call.num_completion_tokens + len(turn) // 2 + 16
+
+
+def _obs_of(step: Step) -> Observation:
+    return Observation(text=step.observation, frames=step.frames, error=step.error)
+
+
+def _one_line(value) -> str:
+    text = " ".join(str(value).split())
+    return text[:300]
+
+
+# ------------------------------------------------------------------------------------- batches
+
+@dataclass(slots=True)
+class BatchItem:
+    video: str
+    question: str
+    id: str = ""
+
+
+async def run_batch(items: list[BatchItem], runtime, config: EpisodeConfig, *,
+                    video_infos: dict[str, VideoInfo] | None = None,
+                    on_result: Callable[[BatchItem, EpisodeResult], None] | None = None,
+                    on_step: StepCallback | None = None) -> list[EpisodeResult]:
+    """Run many episodes concurrently on the shared engines (at most `config.concurrency` at once).
+
+    One failing item never sinks the others: a user-input error or a crash becomes that item's
+    `failed: …` result (a crash's trace is already saved by the episode). Results come back in
+    item order; `on_result` is called as each finishes.
+    """
+    limit = asyncio.Semaphore(config.concurrency)
+    infos = video_infos or {}
+
+    async def one(index: int, item: BatchItem) -> EpisodeResult:
+        episode_id = item.id or f"item{index}-{uuid.uuid4().hex[:8]}"
+        async with limit:
+            try:
+                result = await run_episode(item.question, item.video, runtime, config,
+                                           episode_id=episode_id, video_info=infos.get(item.video),
+                                           on_step=on_step)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:     # noqa: BLE001 — isolate items; the trace keeps details
+                trace_path, steps = getattr(err, "medclaw_trace", (None, 0))
+                result = EpisodeResult(answer=None, status=f"failed: {_one_line(err)}",
+                                       steps=steps, trace_path=trace_path, episode_id=episode_id)
+        if on_result is not None:
+            on_result(item, result)
+        return result
+
+    return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))

@@ -1,0 +1,186 @@
+"""Orchestrator tool calls: the JSON schema one action must follow, and a tolerant parser.
+
+One action is `{"thought": "<short>", "tool": "<name>", "args": {...}}`. `action_schema` builds it
+as an `anyOf` with one branch per tool, so that constrained decoding (vLLM + xgrammar) can only
+emit a known tool with arguments of that tool's shape. Fields are *bounded* (the thought and every
+free string get a `maxLength`, arrays a `maxItems`, objects `additionalProperties: false`): with
+weak or random weights an unbounded field is filled until `max_tokens` runs out and the JSON never
+closes (STACK.md). The bounds only tighten the *generation* schema; arguments are validated
+against the tool's own schema.
+
+`parse_action` never raises on model output. It accepts what the model wrote (code fences,
+`<think>` blocks, prose around the JSON, hermes-style `<tool_call>{"name", "arguments"}</tool_call>`,
+`{"tool", "args"}`, OpenAI-style `{"function": {"name", "arguments": "<json string>"}}`) and returns
+an `Action`, or an `ActionError` whose message the orchestrator reads on its next turn.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+
+THOUGHT_MAX_CHARS = 400          # a short rationale; long reasoning belongs in <think> (not here)
+STRING_MAX_CHARS = 256           # default cap for tool string arguments without maxLength
+ARRAY_MAX_ITEMS = 16             # default cap for arrays without maxItems
+
+_FENCE_RE = re.compile(r"```(?:json|JSON)?")
+_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)   # closed blocks only: an unclosed
+# <think> may still hold the call, so it is left for the JSON search
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(slots=True, frozen=True)
+class Action:
+    """A parsed, schema-valid tool call."""
+
+    tool: str
+    args: dict = field(default_factory=dict)
+    thought: str = ""
+
+    def to_dict(self) -> dict:
+        return {"thought": self.thought, "tool": self.tool, "args": self.args}
+
+
+@dataclass(slots=True, frozen=True)
+class ActionError:
+    """Why the model's output is not a valid action; `message` is written for the model to read."""
+
+    message: str
+    raw: str = ""
+
+    def to_dict(self) -> dict:
+        return {"error": self.message, "raw": self.raw}
+
+
+# ---------------------------------------------------------------------------------------- schema
+
+def _bounded(schema: dict) -> dict:
+    """A copy of a JSON schema with free strings, arrays and objects given finite bounds."""
+    out = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        kinds = node.get("type")
+        kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+        if "string" in kinds and "enum" not in node and "const" not in node and "pattern" not in node:
+            node.setdefault("maxLength", STRING_MAX_CHARS)
+        if "array" in kinds:
+            node.setdefault("maxItems", ARRAY_MAX_ITEMS)
+        if "object" in kinds and "properties" in node:
+            node.setdefault("additionalProperties", False)
+        for key in ("properties", "$defs", "definitions"):
+            for sub in (node.get(key) or {}).values():
+                walk(sub)
+        for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "not"):
+            if key in node:
+                walk(node[key])
+
+    walk(out)
+    return out
+
+
+def action_schema(tool_specs: list[dict], thought_max_chars: int = THOUGHT_MAX_CHARS) -> dict:
+    """JSON schema of one orchestrator action over `tool_specs` (each a `Tool.spec()` dict)."""
+    if not tool_specs:
+        raise ValueError("action_schema needs at least one tool spec")
+    if thought_max_chars < 1:
+        raise ValueError("thought_max_chars must be >= 1")
+    branches = []
+    for spec in tool_specs:
+        params = spec.get("parameters") or {"type": "object", "properties": {}}
+        branches.append({
+            "type": "object",
+            # Property order is generation order: the thought comes before the choice it explains.
+            "properties": {
+                "thought": {"type": "string", "maxLength": thought_max_chars},
+                "tool": {"type": "string", "enum": [spec["name"]]},
+                "args": _bounded(params),
+            },
+            "required": ["thought", "tool", "args"],
+            "additionalProperties": False,
+        })
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def describe_tools(tool_specs: list[dict]) -> str:
+    """The tool list for a system prompt: one stable block (same specs → same text → cache hit)."""
+    lines = ['Reply with exactly one JSON object: {"thought": "<why, briefly>", "tool": "<name>", '
+             '"args": {...}}. Tools:']
+    for spec in tool_specs:
+        params = json.dumps(spec.get("parameters") or {}, sort_keys=True, separators=(",", ":"))
+        lines.append(f"- {spec['name']}: {spec.get('description', '').strip()} args schema: {params}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- parse
+
+def _first_json_object(text: str) -> dict | None:
+    """The first `{...}` in `text` that decodes to a JSON object, or None."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start >= 0:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            return value
+        start = text.find("{", start + 1)
+    return None
+
+
+def _normalise(obj: dict) -> tuple[str | None, object, str]:
+    """(tool name, args, thought) from any of the accepted call shapes."""
+    if isinstance(obj.get("function"), dict):               # OpenAI tool_calls entry
+        inner = obj["function"]
+        return inner.get("name"), inner.get("arguments", {}), str(obj.get("thought", ""))
+    name = obj.get("tool", obj.get("name"))
+    args = obj.get("args", obj.get("arguments", obj.get("parameters", {})))
+    return name, args, str(obj.get("thought", ""))
+
+
+def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
+    """Parse one tool call from model output; never raises on what the model wrote."""
+    from jsonschema import Draft202012Validator
+
+    raw = text if isinstance(text, str) else str(text)
+    specs = {spec["name"]: spec for spec in tool_specs}
+    names = ", ".join(specs)
+    cleaned = _THINK_RE.sub(" ", raw)
+    hermes = _TOOL_CALL_RE.search(cleaned)
+    if hermes is not None:
+        cleaned = hermes.group(1)
+    cleaned = _FENCE_RE.sub(" ", cleaned)
+
+    obj = _first_json_object(cleaned)
+    if obj is None:
+        return ActionError('no JSON object found; reply with one JSON object like '
+                           '{"thought": "...", "tool": "<name>", "args": {...}}', raw)
+    name, args, thought = _normalise(obj)
+    if not isinstance(name, str) or not name:
+        return ActionError(f'the JSON object has no "tool" name; available tools: {names}', raw)
+    if name not in specs:
+        return ActionError(f"unknown tool {name!r}; available tools: {names}", raw)
+    if isinstance(args, str):                                # arguments sent as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return ActionError(f'"args" for {name} is not valid JSON: {args[:200]!r}', raw)
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return ActionError(f'"args" for {name} must be a JSON object, got {type(args).__name__}', raw)
+
+    schema = specs[name].get("parameters") or {"type": "object"}
+    errors = sorted(Draft202012Validator(schema).iter_errors(args), key=lambda e: list(e.path))
+    if errors:
+        problems = "; ".join(
+            f"{'/'.join(str(p) for p in err.path) or 'args'}: {err.message}" for err in errors[:3])
+        return ActionError(f"bad arguments for {name}: {problems}", raw)
+    return Action(tool=name, args=args, thought=thought.strip())

@@ -1,0 +1,111 @@
+"""What every decoder implements, and the helpers they share.
+
+A decoder turns a `DecodeJob` (sorted unique source-frame indices + output size + optional crop)
+into ONE uint8 torch tensor (T, height, width, 3) on its device. It decodes in chunks of
+`job.chunk` frames and resizes each chunk at once, so peak memory is the output plus one chunk of
+full-resolution frames — never every full-resolution frame of a long video. Between chunks it
+calls `job.check_cancelled()`, which is how `FrameSource` stops a decode that ran past its timeout.
+
+Errors: a decoder raises `CorruptVideoError` naming the frame index and time where decoding
+failed (or the first frame it could not deliver); it lets `DecodeCancelled` through.
+
+Density (`is_dense`): when the requested frames are on average closer together than a keyframe
+interval, every GOP must be decoded anyway, so a sequential pass with frame threads is cheapest;
+when they are sparser, seeking to the keyframe before each frame skips whole GOPs and a single
+decode thread avoids paying frame-thread latency after every seek.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from medclaw.kernels.errors import CorruptVideoError
+
+DEFAULT_CHUNK = 32
+DEFAULT_GOP = 250          # x264's default keyint: used when a decoder cannot read the real one
+# Decoders resize inside FFmpeg (before a full-size RGB frame exists) when the output has at most
+# this fraction of the source pixels; near-identity resizes (640x360 -> 644x364) use ops instead.
+DECODER_RESIZE_MAX_FRACTION = 0.5
+
+
+class DecodeCancelled(Exception):
+    """Raised inside a decode worker when its job was cancelled (timeout); never user-facing."""
+
+
+@dataclass(slots=True)
+class DecodeJob:
+    """One batched decode: frames `indices` of `path`, resized (after `crop_px`) to width×height."""
+
+    path: str
+    indices: tuple[int, ...]                 # sorted, unique source frame indices
+    width: int
+    height: int
+    fps: float                               # source fps, for error messages (index → time)
+    crop_px: tuple[int, int, int, int] | None = None     # (x1, y1, x2, y2), display pixels
+    rotation: int = 0                        # display rotation (CCW degrees, VideoInfo.rotation)
+    num_threads: int = 2
+    chunk: int = DEFAULT_CHUNK
+    interpolation: str = "bicubic"
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def check_cancelled(self) -> None:
+        if self.cancel.is_set():
+            raise DecodeCancelled(self.path)
+
+    def chunks(self):
+        """The indices in consecutive chunks of at most `chunk` frames."""
+        for start in range(0, len(self.indices), self.chunk):
+            yield start, self.indices[start:start + self.chunk]
+
+    def corrupt(self, index: int, why) -> CorruptVideoError:
+        reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+        return CorruptVideoError(f"{self.path}: decoding failed at frame {index} "
+                                 f"({index / self.fps:.2f} s): {reason[:200]}")
+
+
+def is_dense(indices, gop: int) -> bool:
+    """True when the mean gap between requested frames is at most one keyframe interval."""
+    if len(indices) < 2:
+        return False
+    mean_gap = (indices[-1] - indices[0]) / (len(indices) - 1)
+    return mean_gap <= max(gop, 1)
+
+
+class Decoder:
+    """Base class. Subclasses set `name` and implement `decode`.
+
+    Frames are returned in display orientation (as `VideoInfo.width/height` describe them);
+    decoders whose library does not apply the display rotation itself leave
+    `applies_rotation = False` and `_put` rotates each chunk before cropping.
+    """
+
+    name = "base"
+    applies_rotation = False
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+
+    def decode(self, job: DecodeJob):
+        """uint8 tensor (T, job.height, job.width, 3) on `self.device` for `job.indices`."""
+        raise NotImplementedError
+
+    def _output(self, job: DecodeJob):
+        import torch
+
+        return torch.empty((len(job.indices), job.height, job.width, 3), dtype=torch.uint8,
+                           device=self.device)                            # (T, H, W, 3)
+
+    def _put(self, out, start: int, chunk_frames, job: DecodeJob) -> None:
+        """Rotate/crop/resize a decoded chunk (n, H, W, 3) into out[start:start+n]."""
+        import torch
+
+        from medclaw.kernels.ops import resize_crop
+
+        if chunk_frames.device != out.device:
+            chunk_frames = chunk_frames.to(out.device, non_blocking=True)
+        if job.rotation % 360 and not self.applies_rotation:
+            # torch.rot90 over (H, W) with k=1 turns the picture counter-clockwise, like FFmpeg's
+            # display matrix angle (and torchcodec's own autorotation).
+            chunk_frames = torch.rot90(chunk_frames, k=(job.rotation // 90) % 4, dims=(1, 2))
+        out[start:start + len(chunk_frames)] = resize_crop(
+            chunk_frames, job.width, job.height, job.crop_px, job.interpolation)

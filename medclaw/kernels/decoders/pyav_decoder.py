@@ -1,0 +1,120 @@
+"""PyAV decoder (CPU): exact frame indices from a packet scan, sequential or keyframe seeking.
+
+Frame i is the i-th frame in presentation order. We learn every frame's pts and the keyframes by
+demuxing the packets once (no decoding), then:
+  * dense requests: one sequential pass with frame threads, converting only the wanted frames;
+  * sparse requests: for each wanted frame whose GOP lies ahead of the decoder, seek to the
+    keyframe before it and decode forward.
+A large downscale without a crop happens in libswscale together with the YUV→RGB conversion (one
+pass, no full-size RGB frame); everything else goes through `ops.resize_crop`, so for those sizes
+PyAV and torchcodec return identical pixels.
+"""
+from __future__ import annotations
+
+import bisect
+
+from medclaw.kernels.decoders.base import DECODER_RESIZE_MAX_FRACTION, Decoder, DecodeJob, is_dense
+
+_SWS_INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
+
+
+class PyAVDecoder(Decoder):
+    name = "pyav"
+
+    def __init__(self, device: str = "cpu") -> None:
+        super().__init__(device)
+
+    @staticmethod
+    def _scan(container, stream) -> tuple[list[int], list[int]]:
+        """(sorted frame pts, indices of keyframes) from the packets alone."""
+        pts_key = []
+        for packet in container.demux(stream):
+            if packet.pts is not None and packet.size > 0:
+                pts_key.append((packet.pts, bool(packet.is_keyframe)))
+        pts_key.sort()
+        return [p for p, _ in pts_key], [i for i, (_, k) in enumerate(pts_key) if k]
+
+    def decode(self, job: DecodeJob):
+        import av
+        import numpy as np
+        import torch
+
+        out = self._output(job)                                           # (T, H, W, 3)
+        if not job.indices:
+            return out
+        try:
+            container = av.open(job.path)
+        except Exception as err:
+            raise job.corrupt(job.indices[0], err) from err
+        with container:
+            stream = container.streams.video[0]
+            try:
+                pts_list, keyframes = self._scan(container, stream)
+            except Exception as err:
+                raise job.corrupt(job.indices[0], err) from err
+            if job.indices[-1] >= len(pts_list):
+                raise job.corrupt(job.indices[-1], f"the file holds only {len(pts_list)} frames")
+            gop = max(1, len(pts_list) // max(len(keyframes), 1))
+            dense = is_dense(job.indices, gop)
+            stream.thread_type = "AUTO" if dense else "SLICE"
+            stream.thread_count = job.num_threads
+            pts_to_index = {p: i for i, p in enumerate(pts_list)}
+            src_w, src_h = stream.codec_context.width, stream.codec_context.height
+            small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
+            scale = small and job.crop_px is None and job.rotation % 360 == 0
+            sws = _SWS_INTERPOLATION[job.interpolation]
+
+            def convert(frame):
+                if scale:
+                    frame = frame.reformat(width=job.width, height=job.height, format="rgb24",
+                                           interpolation=sws)
+                return frame.to_ndarray(format="rgb24")                   # (h, w, 3)
+
+            container.seek(pts_list[job.indices[0]], stream=stream, backward=True,
+                           any_frame=False)
+            frames = self._iterate(container, stream, job, pts_list, keyframes, pts_to_index,
+                                   dense)
+            buf, buf_start = [], 0
+            for slot, frame in frames:
+                buf.append(convert(frame))
+                if len(buf) == job.chunk or slot == len(job.indices) - 1:
+                    job.check_cancelled()
+                    chunk = torch.from_numpy(np.stack(buf))               # (n, h, w, 3)
+                    if scale:
+                        out[buf_start:buf_start + len(buf)] = chunk.to(out.device)
+                    else:
+                        self._put(out, buf_start, chunk, job)
+                    buf_start += len(buf)
+                    buf = []
+            if buf_start != len(job.indices):
+                raise job.corrupt(job.indices[buf_start], "stream ended before this frame")
+        return out
+
+    @staticmethod
+    def _iterate(container, stream, job, pts_list, keyframes, pts_to_index, dense):
+        """Yield (slot, av.VideoFrame) for each requested index, in order; stop at end of stream."""
+        wanted = job.indices
+        slot = 0
+        frames = container.decode(stream)      # a new generator after each seek (it flushes)
+        while slot < len(wanted):
+            target = wanted[slot]
+            try:
+                frame = next(frames)
+            except StopIteration:
+                return                         # the caller reports the first missing frame
+            except Exception as err:           # av.error.InvalidDataError and friends
+                raise job.corrupt(target, err) from err
+            index = pts_to_index.get(frame.pts)
+            if index is None or index < target:
+                continue
+            if index > target:
+                raise job.corrupt(target, "frame missing from the decoded stream")
+            yield slot, frame
+            slot += 1
+            if slot < len(wanted) and not dense:
+                # Seek when the next target's keyframe lies beyond the frame we stand on.
+                nxt = wanted[slot]
+                key = keyframes[max(bisect.bisect_right(keyframes, nxt) - 1, 0)] if keyframes else 0
+                if key > index:
+                    container.seek(pts_list[nxt], stream=stream, backward=True, any_frame=False)
+                    frames = container.decode(stream)

@@ -1,0 +1,180 @@
+"""FrameSource: the one way tools get pixels — planned frames, cached, decoded in batches, bounded.
+
+    src = FrameSource(device="cpu", decoder="auto", cache_mb=1024, timeout_s=120)
+    src.get(info, plan, crop_box=None, as_tensor=False)          -> uint8 (T, H, W, 3)
+    src.get_frames(info, indices, width, height, crop_box=None)  -> uint8 (T, H, W, 3)
+    src.get_frame(info, index, width, height, crop_box=None)     -> uint8 (H, W, 3)
+    src.stats() -> dict   cache hits/misses/evictions/bytes + frames decoded + decode calls
+
+Returns a fresh numpy array (CPU), or a torch tensor on the source's device with `as_tensor=True`
+(on CUDA frames never leave the GPU). `crop_box` is normalised (x1, y1, x2, y2); the crop is cut
+from the full-resolution frame and then resized to (width, height).
+
+Caching: every frame is stored under (video sha256, index, width, height, crop) in a shared LRU
+(`cache.FrameCache`); a request decodes only the frames the cache lacks, in one batched call.
+Requests for the same video are serialised, so concurrent episodes asking for overlapping frames
+decode them once. Decoding runs in a worker thread with a deadline: past `timeout_s` the worker is
+told to stop (it checks between chunks) and the caller gets `DecodeTimeoutError` — never a hang.
+Out-of-range frame indices raise `TimeRangeError`; corrupt data raises `CorruptVideoError`
+naming the frame and time.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from medclaw.errors import ConfigError
+from medclaw.kernels.cache import FrameCache, FrameKey
+from medclaw.kernels.errors import DecodeTimeoutError, FrameTooLargeError, TimeRangeError
+
+MAX_FRAME_PIXELS = 7680 * 4320          # an 8K frame: anything larger is a caller mistake
+
+
+class FrameSource:
+    def __init__(self, device: str = "cpu", decoder: str = "auto", cache_mb: float = 1024,
+                 timeout_s: float = 120.0, *, num_threads: int = 2, chunk: int = 32,
+                 interpolation: str = "bicubic") -> None:
+        from medclaw.kernels.decoders import DECODERS, device_kind
+
+        device_kind(device)
+        if decoder != "auto" and decoder not in DECODERS:
+            raise ConfigError(f"unknown decoder {decoder!r}: choose from auto, "
+                              f"{', '.join(DECODERS)}")
+        if not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
+        if cache_mb < 0:
+            raise ConfigError(f"cache_mb must be >= 0, got {cache_mb}")
+        if num_threads < 1 or chunk < 1:
+            raise ConfigError(f"num_threads and chunk must be >= 1, got {num_threads}, {chunk}")
+        self.device = device
+        self.decoder_name = decoder
+        self.timeout_s = float(timeout_s)
+        self.num_threads = num_threads
+        self.chunk = chunk
+        self.interpolation = interpolation
+        self.cache = FrameCache(int(cache_mb * 2 ** 20))
+        self._decoder = None
+        self._guard = threading.Lock()
+        self._video_locks: dict[str, threading.Lock] = {}
+        self.frames_decoded = 0
+        self.decode_calls = 0
+
+    # --- public API -----------------------------------------------------------------------------
+
+    def get(self, info, plan, crop_box=None, *, as_tensor: bool = False):
+        """Frames of a `FramePlan`: uint8 (T, plan.height, plan.width, 3)."""
+        return self.get_frames(info, plan.frame_indices, plan.width, plan.height, crop_box,
+                               as_tensor=as_tensor)
+
+    def get_frame(self, info, index: int, width: int, height: int, crop_box=None, *,
+                  as_tensor: bool = False):
+        """One frame: uint8 (height, width, 3)."""
+        return self.get_frames(info, [index], width, height, crop_box, as_tensor=as_tensor)[0]
+
+    def get_frames(self, info, indices, width: int, height: int, crop_box=None, *,
+                   as_tensor: bool = False):
+        from medclaw.kernels.ops import crop_box_to_pixels
+
+        deadline = time.monotonic() + self.timeout_s
+        indices = [int(i) for i in indices]
+        self._validate(info, indices, width, height)
+        crop_px = crop_box_to_pixels(crop_box, info.width, info.height) if crop_box else None
+        keys = {i: FrameKey(info.sha256, i, width, height, crop_px) for i in set(indices)}
+        lock = self._video_lock(info.sha256)
+        if not lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            raise DecodeTimeoutError(f"{info.path}: waited longer than {self.timeout_s:g} s for "
+                                     f"another decode of this video")
+        try:
+            frames = {i: self.cache.get(key) for i, key in keys.items()}
+            missing = sorted(i for i, frame in frames.items() if frame is None)
+            decoded = None
+            if missing:
+                decoded = self._decode(info, missing, width, height, crop_px, deadline)
+                for slot, index in enumerate(missing):
+                    frame = decoded[slot]                                 # (H, W, 3) view
+                    if self.cache.capacity_bytes:
+                        frame = frame.clone()         # own storage: the batch may go to a caller
+                        self.cache.put(keys[index], frame if frame.is_cuda else frame.numpy())
+                    frames[index] = frame
+        finally:
+            lock.release()
+        if missing and missing == indices:
+            out = decoded          # a first request: the batch itself (the cache holds copies)
+        else:
+            out = self._assemble(indices, frames, width, height)
+        if as_tensor:
+            return out
+        return out.cpu().numpy()
+
+    def stats(self) -> dict:
+        return {**self.cache.stats().to_dict(), "frames_decoded": self.frames_decoded,
+                "decode_calls": self.decode_calls,
+                "decoder": self._decoder.name if self._decoder else self.decoder_name}
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _assemble(self, indices, frames, width, height):
+        import torch
+
+        out = torch.empty((len(indices), height, width, 3), dtype=torch.uint8,
+                          device=self.device)                             # (T, H, W, 3)
+        for slot, index in enumerate(indices):
+            frame = frames[index]
+            out[slot] = torch.from_numpy(frame) if not isinstance(frame, torch.Tensor) else frame
+        return out
+
+    def _validate(self, info, indices, width: int, height: int) -> None:
+        if not indices:
+            return
+        if width < 1 or height < 1:
+            raise ValueError(f"frame size must be positive, got {width}x{height}")
+        if width * height > MAX_FRAME_PIXELS:
+            raise FrameTooLargeError(f"{info.path}: requested frames of {width}x{height} exceed "
+                                     f"the {MAX_FRAME_PIXELS}-pixel cap")
+        bad = [i for i in indices if not 0 <= i < info.num_frames]
+        if bad:
+            raise TimeRangeError(f"{info.path}: frame index {bad[0]} is outside the video "
+                                 f"(0-{info.num_frames - 1})")
+
+    def _video_lock(self, sha256: str) -> threading.Lock:
+        with self._guard:
+            return self._video_locks.setdefault(sha256, threading.Lock())
+
+    def _get_decoder(self):
+        if self._decoder is None:
+            from medclaw.kernels.decoders import make_decoder
+
+            self._decoder = make_decoder(self.decoder_name, self.device)
+        return self._decoder
+
+    def _decode(self, info, missing, width, height, crop_px, deadline):
+        """Decode `missing` in a worker thread; DecodeTimeoutError past the deadline."""
+        from medclaw.kernels.decoders.base import DecodeCancelled, DecodeJob
+
+        decoder = self._get_decoder()
+        job = DecodeJob(path=str(info.path), indices=tuple(missing), width=width, height=height,
+                        fps=info.fps, crop_px=crop_px, rotation=info.rotation,
+                        num_threads=self.num_threads,
+                        chunk=self.chunk, interpolation=self.interpolation)
+        result: dict = {}
+
+        def work():
+            try:
+                result["frames"] = decoder.decode(job)
+            except BaseException as err:   # handed to the caller's thread below
+                result["error"] = err
+
+        worker = threading.Thread(target=work, name="medclaw-decode", daemon=True)
+        worker.start()
+        worker.join(max(deadline - time.monotonic(), 0.0))
+        if worker.is_alive() or isinstance(result.get("error"), DecodeCancelled):
+            job.cancel.set()      # the worker stops at its next chunk boundary
+            raise DecodeTimeoutError(
+                f"{info.path}: decoding {len(missing)} frames took longer than "
+                f"{self.timeout_s:g} s; ask for fewer frames or raise timeout_s")
+        if "error" in result:
+            raise result["error"]
+        with self._guard:
+            self.frames_decoded += len(missing)
+            self.decode_calls += 1
+        return result["frames"]

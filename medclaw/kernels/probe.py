@@ -1,0 +1,290 @@
+"""Probe a video file: what it really holds, or a typed one-line error saying why it is unusable.
+
+    probe_video(path, *, max_pixels=None, use_cache=True) -> VideoInfo
+
+- `num_frames` is counted by demuxing the video stream's packets with PyAV (no decoding; ~10 ms
+  per 1,000 frames), not read from the container header; when the header indexes more frames than
+  the file holds, the file is truncated and we say so.
+- `duration_s` and `fps` come from the packets' timestamps: duration = last pts + its duration -
+  first pts; fps = num_frames / duration. `is_variable_fps` is true when frame intervals differ
+  by more than 10 % (or 1.5 clock ticks) from their median.
+- `rotation` is the display-matrix angle FFmpeg reports (counter-clockwise degrees, what ffprobe
+  prints), normalised to 0/90/180/270; `width`/`height` are the display size, i.e. swapped for
+  90/270. Decoders return the coded (unrotated) frames.
+- The first frame is decoded once, to prove the stream is decodable and to read the rotation.
+- `sha256` is of the file's bytes, cached by (real path, size, mtime) in memory and in
+  `$MEDCLAW_HOME/cache/sha256.json` (default `~/.cache/medclaw/cache/sha256.json`).
+
+Errors (all `medclaw.kernels.errors.VideoError`, message = one line naming the file):
+    NotAFileError        missing path, directory, device …
+    UnreadableVideoError no permission / I/O error
+    NotAVideoError       empty file, not a media container, still image, no video stream
+    CorruptVideoError    truncated (missing MP4 'moov' index, fewer packets than indexed),
+                         undecodable first frame, demux error — with where it happened
+    ZeroDurationError    no frames or zero duration
+    FrameTooLargeError   width * height > max_pixels
+Bad input fails fast (tens of milliseconds); PyAV's I/O timeout guards against stalled reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+import struct
+import threading
+
+from medclaw.kernels.errors import (
+    CorruptVideoError, FrameTooLargeError, NotAFileError, NotAVideoError, UnreadableVideoError,
+    ZeroDurationError,
+)
+from medclaw.types import VideoInfo
+
+OPEN_TIMEOUT_S = 5.0               # PyAV interrupts a read that stalls this long (NFS, FUSE …)
+_MP4_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pdin", b"uuid", b"moof"}
+_IMAGE_MAGIC = {b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
+                b"BM": "a BMP image"}
+_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+_SHA_LOCK = threading.Lock()
+_SHA_CACHE_MAX = 2000              # entries kept in the JSON cache
+
+
+def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True) -> VideoInfo:
+    """Probe `path` (see module docstring). Raises a VideoError subclass for unusable input."""
+    import av
+
+    p = Path(path)
+    size = _check_file(p)
+    head = _read_head(p)
+    try:
+        container = av.open(str(p), mode="r", timeout=OPEN_TIMEOUT_S)
+    except av.error.PermissionError as err:
+        raise UnreadableVideoError(f"{p}: permission denied ({err.strerror})") from None
+    except av.error.InvalidDataError as err:
+        raise _diagnose_open_failure(p, head, size, err) from None
+    except av.error.EOFError:
+        raise CorruptVideoError(f"{p}: file ends before its first media packet "
+                                f"(truncated or empty container)") from None
+    except av.error.FFmpegError as err:
+        raise NotAVideoError(f"{p}: FFmpeg cannot open it as a video ({err.strerror})") from None
+    except OSError as err:
+        raise UnreadableVideoError(f"{p}: cannot read it ({err.strerror or err})") from None
+    with container:
+        stream = _video_stream(p, container, head)
+        width, height = stream.codec_context.width, stream.codec_context.height
+        if width <= 0 or height <= 0:
+            raise CorruptVideoError(f"{p}: the video stream has no frame size (corrupt header)")
+        if max_pixels is not None and width * height > max_pixels:
+            raise FrameTooLargeError(f"{p}: frames are {width}x{height} = {width * height:,} pixels, "
+                                     f"over the limit of {max_pixels:,}; downscale the video first")
+        num_frames, duration_s, fps, is_vfr = _count_frames(p, container, stream)
+        rotation = _first_frame_rotation(p, container, stream)
+        codec = stream.codec_context.name
+    if rotation in (90, 270):
+        width, height = height, width
+    return VideoInfo(
+        path=str(p), sha256=file_sha256(p, use_cache=use_cache), duration_s=duration_s, fps=fps,
+        num_frames=num_frames, width=width, height=height, codec=codec, rotation=rotation,
+        is_variable_fps=is_vfr,
+    )
+
+
+def _check_file(p: Path) -> int:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise NotAFileError(f"{p}: no such file") from None
+    except PermissionError:
+        raise UnreadableVideoError(f"{p}: permission denied") from None
+    except OSError as err:
+        raise NotAFileError(f"{p}: cannot stat it ({err.strerror})") from None
+    if p.is_dir():
+        raise NotAFileError(f"{p}: is a directory, not a video file")
+    if not p.is_file():
+        raise NotAFileError(f"{p}: not a regular file")
+    if st.st_size == 0:
+        raise NotAVideoError(f"{p}: empty file (0 bytes)")
+    return st.st_size
+
+
+def _read_head(p: Path) -> bytes:
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(64)
+    except PermissionError:
+        raise UnreadableVideoError(f"{p}: permission denied") from None
+    except OSError as err:
+        raise UnreadableVideoError(f"{p}: cannot read it ({err.strerror or err})") from None
+
+
+def _diagnose_open_failure(p: Path, head: bytes, size: int, err) -> Exception:
+    """FFmpeg refused the file: say whether it is a broken MP4, an image, or just not a video."""
+    if head[4:8] in _MP4_BOXES:
+        return CorruptVideoError(f"{p}: {_mp4_problem(p, size)}")
+    for magic, what in _IMAGE_MAGIC.items():
+        if head.startswith(magic):
+            return NotAVideoError(f"{p}: {what}, not a video")
+    return NotAVideoError(f"{p}: not a video container FFmpeg recognises ({err.strerror})")
+
+
+def _mp4_problem(p: Path, size: int) -> str:
+    """Walk the top-level MP4 boxes (size + type headers only) and describe the first problem."""
+    seen, offset = [], 0
+    with open(p, "rb") as fh:
+        while offset < size:
+            fh.seek(offset)
+            header = fh.read(16)
+            if len(header) < 8:
+                return f"truncated MP4/MOV: file ends inside a box header at byte {offset:,}"
+            box_size, kind = struct.unpack(">I4s", header[:8])
+            if box_size == 1 and len(header) == 16:
+                box_size = struct.unpack(">Q", header[8:16])[0]
+            elif box_size == 0:
+                box_size = size - offset              # "extends to end of file"
+            name = kind.decode("latin-1")
+            if box_size < 8 or not name.isprintable():
+                return f"corrupt MP4/MOV: garbage box header at byte {offset:,}"
+            seen.append(kind)
+            if offset + box_size > size:
+                missing = "" if b"moov" in seen else "; the 'moov' index is missing"
+                return (f"truncated MP4/MOV: file ends at byte {size:,} inside the '{name}' box "
+                        f"(starts at byte {offset:,}, declares {box_size:,} bytes){missing}")
+            offset += box_size
+    if b"moov" not in seen:
+        return "incomplete MP4/MOV: the 'moov' index box is missing (file was not finalised)"
+    return "corrupt MP4/MOV: FFmpeg rejects its index"
+
+
+def _video_stream(p: Path, container, head: bytes):
+    fmt = container.format.name
+    if fmt == "image2" or fmt.endswith("_pipe"):
+        raise NotAVideoError(f"{p}: a still image ({fmt.removesuffix('_pipe')}), not a video")
+    streams = [s for s in container.streams.video
+               if not (s.disposition & s.disposition.__class__.attached_pic)]
+    if not streams:
+        others = ", ".join(f"{s.type}/{s.codec_context.name if s.codec_context else '?'}"
+                           for s in container.streams) or "none"
+        raise NotAVideoError(f"{p}: no video stream (streams: {others})")
+    return streams[0]
+
+
+def _count_frames(p: Path, container, stream) -> tuple[int, float, float, bool]:
+    """Demux (no decode) the stream's packets: real frame count, duration, fps, VFR flag."""
+    import av
+    import numpy as np
+
+    pts, durations, count = [], [], 0
+    try:
+        for packet in container.demux(stream):
+            if packet.size == 0 and packet.pts is None and packet.dts is None:
+                continue                              # the demuxer's end-of-stream flush packet
+            count += 1
+            stamp = packet.pts if packet.pts is not None else packet.dts
+            if stamp is not None:
+                pts.append(stamp)
+                durations.append(packet.duration or 0)
+    except av.error.FFmpegError as err:
+        where = f" ~{float(max(pts) * stream.time_base):.1f} s" if pts else " the start"
+        raise CorruptVideoError(f"{p}: demux error after {count} frames (at{where}): "
+                                f"{err.strerror}") from None
+    if count == 0:
+        raise ZeroDurationError(f"{p}: the video stream has no frames")
+    claimed = stream.frames or 0
+    tb = float(stream.time_base) if stream.time_base else 0.0
+    if claimed > count:
+        end = f" (data ends at {float((max(pts) - min(pts)) * tb):.1f} s)" if pts and tb else ""
+        raise CorruptVideoError(f"{p}: truncated: the container indexes {claimed} frames but only "
+                                f"{count} are in the file{end}")
+    if len(pts) == count and tb > 0:
+        order = np.argsort(np.asarray(pts, dtype=np.int64), kind="stable")
+        stamps = np.asarray(pts, dtype=np.int64)[order]                   # (N,) presentation order
+        steps = np.diff(stamps)                                           # (N-1,)
+        median = float(np.median(steps)) if len(steps) else 0.0
+        last = durations[order[-1]] or median
+        duration_s = float((stamps[-1] - stamps[0] + last) * tb)
+        is_vfr = bool(len(steps) > 1 and
+                      np.abs(steps - median).max() > max(1.5, 0.1 * median))
+    else:
+        # No timestamps (raw elementary streams): fall back on the declared rate.
+        rate = float(stream.average_rate or stream.guessed_rate or 0)
+        duration_s = count / rate if rate else 0.0
+        is_vfr = False
+    if duration_s <= 0:
+        raise ZeroDurationError(f"{p}: the video stream has zero duration")
+    return count, duration_s, count / duration_s, is_vfr
+
+
+def _first_frame_rotation(p: Path, container, stream) -> int:
+    """Decode the first frame (proves the stream decodes) and return its display rotation."""
+    import av
+
+    try:
+        container.seek(0, stream=stream)
+        frame = next(container.decode(stream), None)
+    except av.error.FFmpegError as err:
+        raise CorruptVideoError(f"{p}: cannot decode the first frame ({err.strerror})") from None
+    if frame is None:
+        raise CorruptVideoError(f"{p}: no decodable frame in the video stream")
+    return int(round(frame.rotation or 0)) % 360
+
+
+# ---------------------------------------------------------------------------------------------
+# Content hash, cached by (real path, size, mtime)
+
+
+def _cache_file() -> Path:
+    home = os.environ.get("MEDCLAW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "medclaw")
+    return Path(home) / "cache" / "sha256.json"
+
+
+def _load_disk_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def file_sha256(path, *, use_cache: bool = True) -> str:
+    """sha256 of the file's bytes; cached by (real path, size, mtime_ns) in memory and on disk."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = (real, st.st_size, st.st_mtime_ns)
+    if use_cache:
+        with _SHA_LOCK:
+            if key in _SHA_CACHE:
+                return _SHA_CACHE[key]
+        entry = _load_disk_cache(_cache_file()).get(real)
+        if entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+            with _SHA_LOCK:
+                _SHA_CACHE[key] = entry["sha256"]
+            return entry["sha256"]
+    digest = hashlib.sha256()
+    try:
+        with open(real, "rb") as fh:
+            while chunk := fh.read(4 << 20):
+                digest.update(chunk)
+    except OSError as err:
+        raise UnreadableVideoError(f"{path}: cannot read it ({err.strerror or err})") from None
+    sha = digest.hexdigest()
+    if use_cache:
+        with _SHA_LOCK:
+            _SHA_CACHE[key] = sha
+        _store_disk_cache(real, st, sha)
+    return sha
+
+
+def _store_disk_cache(real: str, st: os.stat_result, sha: str) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _load_disk_cache(path)
+        data.pop(real, None)
+        data[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+        while len(data) > _SHA_CACHE_MAX:            # dicts keep insertion order: drop the oldest
+            data.pop(next(iter(data)))
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)                        # atomic: concurrent probes never see half a file
+    except OSError:
+        pass                                         # a read-only home only costs re-hashing

@@ -1,0 +1,128 @@
+"""`medclaw models …`: list presets/profiles, build tiny checkpoints, import and verify weights.
+
+    medclaw models list [--json]
+    medclaw models resolve [--config FILE] [--profile NAME] [--model ROLE=PRESET_OR_PATH ...]
+    medclaw models make-tiny [DIR] [--seed N]
+    medclaw models import NAME SRC [--copy] [--force]
+    medclaw models verify NAME
+
+Also exports `add_model_arguments(parser)` / `models_from_args(args)` so that other commands
+(`ask`, `eval`, `demo`, …) take the same `--config/--profile/--model` flags.
+Top level is argparse only; everything heavy is imported inside the handlers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shared model-selection flags: --config, --profile, --model ROLE=PRESET_OR_PATH."""
+    parser.add_argument("--config", metavar="FILE", help="YAML config (profile:, models:, …)")
+    parser.add_argument("--profile", metavar="NAME",
+                        help="deployment profile (default: the config's, else tiny-cpu)")
+    parser.add_argument("--model", metavar="ROLE=PRESET_OR_PATH", action="append", default=[],
+                        help="put a preset, an imported model or a local folder in a role (repeatable)")
+
+
+def models_from_args(args: argparse.Namespace) -> dict:
+    """{role: ModelSpec} from the flags added by `add_model_arguments`."""
+    from medclaw.models.registry import load_models, parse_overrides
+
+    return load_models(args.config, profile=args.profile, overrides=parse_overrides(args.model))
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(dest="models_command", metavar="SUBCOMMAND")
+
+    p = sub.add_parser("list", help="profiles and presets, and which weights are present locally")
+    p.add_argument("--json", action="store_true", help="JSON on stdout")
+    p.set_defaults(handler=_list)
+
+    p = sub.add_parser("resolve", help="show the ModelSpec of every role (JSON)")
+    add_model_arguments(p)
+    p.set_defaults(handler=_resolve)
+
+    p = sub.add_parser("make-tiny", help="build the tiny random-weight checkpoints (no download)")
+    p.add_argument("dir", nargs="?", help="output folder (default: $MEDCLAW_HOME/tiny)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_make_tiny)
+
+    p = sub.add_parser("import", help="import a local model folder into the store")
+    p.add_argument("name", help="preset or model name, e.g. qwen2.5-vl-7b")
+    p.add_argument("src", help="folder with config.json, weights and tokenizer files")
+    p.add_argument("--copy", action="store_true", help="copy the files (default: symlink them)")
+    p.add_argument("--force", action="store_true", help="replace an existing model of that name")
+    p.set_defaults(handler=_import)
+
+    p = sub.add_parser("verify", help="re-hash a stored model against its manifest")
+    p.add_argument("name")
+    p.set_defaults(handler=_verify)
+
+
+def _list(args) -> int:
+    from medclaw.models import registry, store
+
+    cat = registry.catalog()
+    presets = {}
+    for name, fields in cat.presets.items():
+        path = registry.preset_path(name)
+        presets[name] = {
+            "architecture": fields.get("architecture", ""),
+            "backend": fields.get("backend", "vllm"),
+            "present": path is not None and store.folder_problem(path) is None,
+            "path": str(path) if path else None,
+            "description": fields.get("description", ""),
+        }
+    profiles = {name: {"description": prof.get("description", ""), "roles": prof["roles"]}
+                for name, prof in cat.profiles.items()}
+    if args.json:
+        print(json.dumps({"profiles": profiles, "presets": presets,
+                          "models_dir": str(store.models_dir()), "imported": store.list_stored()}, indent=2))
+        return 0
+    print("profiles:")
+    for name, prof in profiles.items():
+        print(f"  {name:<12} {prof['description']}")
+        print("               " + ", ".join(f"{role}={preset}" for role, preset in prof["roles"].items()))
+    print(f"\npresets (weights under {store.models_dir()}):")
+    for name, info in presets.items():
+        mark = "present" if info["present"] else "missing"
+        print(f"  {name:<30} {mark:<8} {info['description']}")
+    return 0
+
+
+def _resolve(args) -> int:
+    specs = models_from_args(args)
+    print(json.dumps({role: spec.to_dict() for role, spec in specs.items()}, indent=2))
+    return 0
+
+
+def _make_tiny(args) -> int:
+    from medclaw.models.store import medclaw_home
+    from medclaw.models.tiny import build_tiny_models
+
+    print("building tiny checkpoints …", file=sys.stderr)
+    models = build_tiny_models(args.dir or medclaw_home() / "tiny", seed=args.seed)
+    print(json.dumps({"vlm": str(models.vlm), "llm": str(models.llm), "seed": models.seed}))
+    return 0
+
+
+def _import(args) -> int:
+    from medclaw.models.store import import_model, revision_hash
+
+    dest = import_model(args.name, args.src, copy=args.copy, force=args.force)
+    print(json.dumps({"name": args.name, "path": str(dest), "revision": revision_hash(dest)}))
+    return 0
+
+
+def _verify(args) -> int:
+    from medclaw.models.store import verify_model
+
+    result = verify_model(args.name)
+    print(json.dumps(result.to_dict(), indent=2))
+    if not result.ok:
+        print(f"medclaw: model {args.name!r} does not match its manifest "
+              f"({len(result.changed)} changed, {len(result.missing)} missing)", file=sys.stderr)
+    return 0 if result.ok else 1

@@ -1,0 +1,308 @@
+"""Model registry: presets + deployment profiles (presets.yaml) → one ModelSpec per role.
+
+    load_models(config_path=None, profile=None, overrides=None) -> {role: ModelSpec}
+
+Precedence, lowest first: the preset's fields → the profile's per-backend `defaults` → the
+profile's role entry → the user config's `models:` entry → `overrides` (CLI `--model ROLE=X`).
+`profile` argument > config `profile:` > "tiny-cpu".
+
+A user config is YAML; it may contain other top-level sections (`episode:`, …), which we ignore:
+
+    profile: qwen-7b
+    presets:                      # optional: extra presets, same keys as presets.yaml
+      my-vlm: {architecture: Qwen2_5_VLForConditionalGeneration, path: /data/my-vlm}
+    models:
+      video_expert: video-r1-7b   # a preset name, a store name, or a folder path
+      judge: {preset: qwen2.5-14b, max_model_len: 16384}
+      orchestrator: {path: ./weights/orch, architecture: Qwen2ForCausalLM}
+
+A model entry (or override) that names a folder keeps the role's budgets and reads the
+architecture from the folder's config.json, so swapping a backbone is one line or one flag.
+Paths are local, always: a missing folder raises ModelNotFoundError with the import command.
+Tiny checkpoints are built on first use (building is not downloading).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from medclaw.errors import ConfigError, ModelNotFoundError
+from medclaw.models import store
+from medclaw.models.spec import ROLES, ModelSpec
+
+DEFAULT_PROFILE = "tiny-cpu"
+PRESETS_FILE = Path(__file__).with_name("presets.yaml")
+SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
+CATALOG_ONLY_KEYS = frozenset({"source", "hub_id", "description"})
+ENTRY_KEYS = SPEC_FIELDS | CATALOG_ONLY_KEYS | {"preset"}
+MERGED_DICT_FIELDS = frozenset({"extra"})   # merged key by key; every other field is replaced
+# Backends that serve weights from elsewhere: their `path` may be empty or absent.
+PATHLESS_BACKENDS = frozenset({"remote", "fake"})
+TINY_SEED = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# where a preset's weights live: `source: SCHEME:ARG` → resolver(arg, preset_name, build) -> Path
+
+def _from_store(arg: str, preset: str, build: bool) -> Path:
+    return store.store_path(arg or preset)
+
+
+def _from_tiny(arg: str, preset: str, build: bool) -> Path:
+    folder = store.medclaw_home() / "tiny"
+    if build:
+        from medclaw.models.tiny import build_tiny_models
+
+        return getattr(build_tiny_models(folder, seed=TINY_SEED), arg)
+    return folder / arg
+
+
+def _from_package(arg: str, preset: str, build: bool) -> Path:
+    package, _, subdir = arg.partition("/")
+    found = importlib.util.find_spec(package)        # locates the package without importing it
+    if found is None or not found.submodule_search_locations:
+        raise ModelNotFoundError(f"model {preset!r}: Python package {package!r} is not installed "
+                                 f"(pip install {package.replace('_', '-')})")
+    return Path(list(found.submodule_search_locations)[0]) / subdir
+
+
+SOURCES = {"store": _from_store, "tiny": _from_tiny, "package": _from_package}
+
+
+# ---------------------------------------------------------------------------------------------
+# catalog
+
+@dataclasses.dataclass(slots=True)
+class Catalog:
+    presets: dict[str, dict]
+    profiles: dict[str, dict]
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_catalog() -> Catalog:
+    data = _read_yaml(PRESETS_FILE)
+    catalog = Catalog(presets=dict(data.get("presets") or {}), profiles=dict(data.get("profiles") or {}))
+    _validate_catalog(catalog, str(PRESETS_FILE))
+    return catalog
+
+
+def catalog(user_config: dict | None = None, where: str = "config") -> Catalog:
+    """The built-in catalog, plus the `presets:` of a user config (which may shadow built-ins)."""
+    base = _builtin_catalog()
+    extra = (user_config or {}).get("presets") or {}
+    if not isinstance(extra, dict):
+        raise ConfigError(f"{where}: `presets` must be a mapping of name -> fields")
+    merged = Catalog(presets={**base.presets, **extra}, profiles=dict(base.profiles))
+    _validate_catalog(Catalog(presets=extra, profiles={}), where)
+    return merged
+
+
+def _validate_catalog(cat: Catalog, where: str) -> None:
+    for name, fields in cat.presets.items():
+        _check_entry(fields, f"{where}: preset {name!r}", allow_preset=False)
+        scheme = str(fields.get("source", "store")).partition(":")[0]
+        if scheme not in SOURCES:
+            raise ConfigError(f"{where}: preset {name!r}: unknown source {scheme!r}; use one of {sorted(SOURCES)}")
+    for name, profile in cat.profiles.items():
+        roles = profile.get("roles") or {}
+        if set(roles) != set(ROLES):
+            raise ConfigError(f"{where}: profile {name!r} must assign every role {list(ROLES)}")
+
+
+def _check_entry(fields, where: str, allow_preset: bool = True) -> None:
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where}: expected a mapping of fields, got {type(fields).__name__}")
+    allowed = ENTRY_KEYS if allow_preset else ENTRY_KEYS - {"preset"}
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# resolving roles
+
+def load_models(config_path: str | os.PathLike | None = None, profile: str | None = None,
+                overrides: dict[str, str] | None = None) -> dict[str, ModelSpec]:
+    """Resolve every role to a ModelSpec with a checked local path (see module docstring)."""
+    user = _read_user_config(config_path)
+    where = str(config_path) if config_path else "config"
+    base_dir = Path(config_path).expanduser().resolve().parent if config_path else Path.cwd()
+    cat = catalog(user, where)
+    profile_name = profile or user.get("profile") or DEFAULT_PROFILE
+    if not isinstance(profile_name, str) or profile_name not in cat.profiles:
+        raise ConfigError(f"unknown profile {profile_name!r}; choose one of {sorted(cat.profiles)}")
+    prof = cat.profiles[profile_name]
+    defaults = prof.get("defaults") or {}
+    user_models = user.get("models") or {}
+    if not isinstance(user_models, dict):
+        raise ConfigError(f"{where}: `models` must be a mapping of role -> preset, path or fields")
+    for label, table in (("models", user_models), ("--model", overrides or {})):
+        unknown = sorted(set(table) - set(ROLES))
+        if unknown:
+            raise ConfigError(f"{label}: unknown role(s) {unknown}; roles are {list(ROLES)}")
+
+    specs = {}
+    for role in ROLES:
+        fields = _apply(cat, defaults, {}, prof["roles"][role], base_dir, f"profile {profile_name!r} {role}")
+        if role in user_models:
+            fields = _apply(cat, defaults, fields, user_models[role], base_dir, f"{where}: models.{role}")
+        if overrides and role in overrides:
+            fields = _apply(cat, defaults, fields, overrides[role], Path.cwd(), f"--model {role}")
+        specs[role] = _finish(fields, f"{role} ({fields.get('name')})")
+    return specs
+
+
+def preset_spec(name: str, build: bool = True, profile: str | None = None) -> ModelSpec:
+    """One preset as a ModelSpec (with the profile's backend defaults when `profile` is given)."""
+    cat = catalog()
+    if name not in cat.presets:
+        raise ConfigError(f"unknown preset {name!r}; known: {sorted(cat.presets)}")
+    defaults = (cat.profiles.get(profile) or {}).get("defaults") or {}
+    fields = _apply(cat, defaults, {}, name, Path.cwd(), f"preset {name!r}")
+    return _finish(fields, name, build=build)
+
+
+def preset_path(name: str, build: bool = False) -> Path | None:
+    """Where preset `name`'s weights are expected (None when they come from nowhere local)."""
+    fields = _builtin_catalog().presets[name]
+    if "path" in fields:
+        return Path(fields["path"]).expanduser()
+    scheme, _, arg = str(fields.get("source", "store")).partition(":")
+    try:
+        return SOURCES[scheme](arg, name, build)
+    except ModelNotFoundError:
+        return None
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, str]:
+    """`["ROLE=VALUE", ...]` (CLI `--model`) → {role: value}; ConfigError on a malformed item."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        role, sep, value = item.partition("=")
+        if not sep or not role or not value:
+            raise ConfigError(f"--model expects ROLE=PRESET_OR_PATH, got {item!r}")
+        if role not in ROLES:
+            raise ConfigError(f"--model {item!r}: unknown role {role!r}; roles are {list(ROLES)}")
+        out[role] = value
+    return out
+
+
+def _apply(cat: Catalog, defaults: dict, current: dict, entry, base_dir: Path, where: str) -> dict:
+    """Layer one role entry (preset name, store name, folder path, or field mapping) on `current`."""
+    if isinstance(entry, str):
+        if entry in cat.presets:
+            return _preset_fields(cat, defaults, entry, where)
+        folder = _reference_folder(entry, base_dir, where, cat)
+        return {**current, **_folder_fields(folder, current)}
+    _check_entry(entry, where)
+    entry = dict(entry)
+    if "preset" in entry:
+        name = entry.pop("preset")
+        if name not in cat.presets:
+            raise ConfigError(f"{where}: unknown preset {name!r}; known: {sorted(cat.presets)}")
+        current = _preset_fields(cat, defaults, name, where)
+    if "path" in entry:
+        entry["path"] = str((base_dir / Path(entry["path"]).expanduser()).resolve())
+        current = {k: v for k, v in current.items() if k != "source"}
+    return _merge(current, entry)
+
+
+def _preset_fields(cat: Catalog, defaults: dict, name: str, where: str) -> dict:
+    """A preset's fields with the profile's defaults for its backend on top: those describe the
+    hardware (e.g. CPU memory limits), so they win over the preset's own values."""
+    fields = {"name": name, **cat.presets[name]}
+    return _merge(fields, defaults.get(fields.get("backend", "vllm")) or {})
+
+
+def _reference_folder(ref: str, base_dir: Path, where: str, cat: Catalog) -> Path:
+    """A non-preset string: an imported store name, else a folder path."""
+    looks_like_path = os.sep in ref or ref.startswith((".", "~"))
+    if not looks_like_path:
+        try:
+            stored = store.store_path(ref)
+        except ConfigError:
+            stored = None
+        if stored is not None and stored.exists():
+            return stored
+        raise ConfigError(f"{where}: {ref!r} is neither a preset, an imported model nor a path; "
+                          f"presets: {sorted(cat.presets)}")
+    folder = (base_dir / Path(ref).expanduser()).resolve()
+    store.check_model_folder(folder, folder.name)
+    return folder
+
+
+def _folder_fields(folder: Path, current: dict) -> dict:
+    """Fields implied by pointing a role at a folder: name, path and the architecture it declares."""
+    fields = {"name": folder.name, "path": str(folder)}
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        archs = []
+    if archs:
+        fields["architecture"] = archs[0]
+    # drop where the old weights came from: the folder is the source now
+    return {**{k: v for k, v in current.items() if k != "source"}, **fields}
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        if key in MERGED_DICT_FIELDS and isinstance(value, dict):
+            out[key] = {**(out.get(key) or {}), **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _finish(fields: dict, where: str, build: bool = True) -> ModelSpec:
+    """Resolve the path (building tiny checkpoints if needed), check it, build the ModelSpec."""
+    fields = dict(fields)
+    name = fields.get("name") or "model"
+    backend = fields.get("backend", "vllm")
+    if not fields.get("path"):
+        scheme, _, arg = str(fields.get("source", "store")).partition(":")
+        fields["path"] = str(SOURCES[scheme](arg, name, build))
+    if backend not in PATHLESS_BACKENDS and build:
+        store.check_model_folder(fields["path"], name)
+    spec_fields = {k: v for k, v in fields.items() if k in SPEC_FIELDS}
+    try:
+        return ModelSpec(**spec_fields)
+    except TypeError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"config {path} is not valid YAML{at}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a YAML mapping at the top level")
+    return data
+
+
+def _read_user_config(config_path) -> dict:
+    if config_path is None:
+        return {}
+    path = Path(config_path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    data = _read_yaml(path)
+    if "profile" in data and not isinstance(data["profile"], str):
+        raise ConfigError(f"{path}: `profile` must be a profile name")
+    return data

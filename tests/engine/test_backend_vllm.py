@@ -1,0 +1,88 @@
+"""The in-process vLLM backend on the tiny checkpoints: accounting, prefix-cache reuse with the
+KV-friendly prompt layout, concurrency across event loops, schema-constrained tool calls.
+
+All tests share one session-scoped engine per model (tests/engine/conftest.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from medclaw.engine import bench_kv
+from medclaw.engine.prompt import Conversation, media_uuid
+from medclaw.types import MediaItem
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+async def test_video_request_accounting(vlm_engine, tiny_vlm_spec, random_clip):
+    from medclaw.models.store import revision_hash
+
+    clip = MediaItem(kind="video", uuid=media_uuid("c" * 64, 0, 15, 2.0, 224 * 224),
+                     frames=random_clip(7), fps=2.0)
+    request = Conversation("You watch videos.").add_user("What is shown?", media=[clip]) \
+        .to_request(max_tokens=5)
+    result = await vlm_engine.generate_one(request)
+    # 16 frames at 224x224 → 8 temporal groups x 8x8 merged patches = 512 video tokens
+    assert result.num_prompt_tokens > 512
+    assert result.num_completion_tokens == 5 and result.finish_reason == "length"
+    assert result.model_name == "tiny-vlm"
+    assert result.model_revision == revision_hash(tiny_vlm_spec.path)
+    assert result.latency_s > 0
+
+
+async def test_media_uuid_is_the_cache_identity(vlm_engine, random_clip):
+    frames = random_clip(8)
+    first = MediaItem(kind="video", uuid=media_uuid("d" * 64, 0, 15, 2.0, 224 * 224),
+                      frames=frames, fps=2.0)
+    renamed = MediaItem(kind="video", uuid=media_uuid("d" * 64, 0, 15, 2.0, 225 * 225),
+                        frames=frames, fps=2.0)
+    results = []
+    for item in (first, first, renamed):
+        request = Conversation("You watch videos.").add_user("Q?", media=[item]).to_request(max_tokens=2)
+        results.append(await vlm_engine.generate_one(request))
+    hit, miss = results[1], results[2]
+    assert hit.num_cached_tokens >= 512            # same uuid: the video's KV is reused
+    assert miss.num_cached_tokens < 512 // 2       # new uuid: only the text before the video
+
+
+async def test_repeat_questions_reuse_the_video(vlm_engine):
+    stats = await bench_kv.repeat_question_reuse(vlm_engine, seed=11)
+    assert stats["cached_tokens"][0] < stats["prompt_tokens"][0] - 512   # first question: a miss
+    assert stats["fraction"] >= 0.90, stats
+
+
+async def test_stage2_extends_stage1(vlm_engine):
+    stats = await bench_kv.stage2_reuse(vlm_engine, seed=12)
+    assert stats["stage2_prompt_tokens"] > stats["stage1_prompt_tokens"]
+    assert stats["fraction"] >= 0.95, stats
+
+
+async def test_orchestrator_turns_reuse_previous_turn(llm_engine, tool_specs):
+    stats = await bench_kv.turn_reuse(llm_engine, tool_specs, turns=3)
+    assert stats["prompt_tokens"] == sorted(stats["prompt_tokens"])      # append-only growth
+    assert stats["fraction"] >= 0.95, stats
+
+
+async def test_concurrent_requests_from_two_event_loops(llm_engine, tool_specs):
+    """16 requests in flight at once: 8 from this loop, 8 from another thread's own loop."""
+    other: dict = {}
+
+    def other_loop():
+        other["stats"] = asyncio.run(bench_kv.concurrent_requests(llm_engine, tool_specs, n=8))
+
+    thread = threading.Thread(target=other_loop)
+    thread.start()
+    here = await bench_kv.concurrent_requests(llm_engine, tool_specs, n=8)
+    await asyncio.to_thread(thread.join)
+    assert here["completed"] == 8
+    assert other["stats"]["completed"] == 8
+
+
+async def test_constrained_tool_calls_all_parse(llm_engine, tool_specs):
+    stats = await bench_kv.constrained_tool_calls(llm_engine, tool_specs, n=100)
+    assert stats["parsed"] == 100, stats["failures"]
+    assert len(stats["tools_used"]) >= 2                 # sampling explores the anyOf branches
+

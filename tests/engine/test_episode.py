@@ -1,0 +1,362 @@
+"""The episode loop on real tools, a real synthetic video and the real frame source.
+
+Only the *models* are scripted (agent logic, DESIGN.md "Testing"): the orchestrator follows the
+shipped directed-relook skill by reading its observations, and the video expert describes what
+the synthetic video's ground truth says is in the clip it was actually sent. Everything else —
+probing, frame planning and decoding, tool schemas, the registry, the trace — is the real code.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from medclaw.engine.backends.fake import ScriptedBackend
+from medclaw.engine.config import EpisodeConfig
+from medclaw.engine.episode import BatchItem, run_batch, run_episode
+from medclaw.engine.runtime import Runtime
+from medclaw.engine.trace import Trace
+from medclaw.models.spec import ModelSpec
+
+QUESTION = "Which instrument was brought in just before the vessel was cut?"
+
+
+# --- scripted models ----------------------------------------------------------------------------
+
+def _text(message) -> str:
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def _mmss(t: float) -> str:
+    return f"{int(t // 60):02d}:{t % 60:04.1f}"
+
+
+def _seconds(mmss: str) -> float:
+    parts = [float(p) for p in mmss.split(":")]
+    return parts[0] * 60 + parts[1] if len(parts) == 2 else parts[0]
+
+
+_WINDOW = re.compile(r"\[(\d+:\d+(?:\.\d+)?)\s*-\s*(\d+:\d+(?:\.\d+)?)\]")
+
+
+def video_expert(gt):
+    """A VLM stand-in that reports the ground truth of the clip it was sent (from the request)."""
+    cut = next(e for e in gt.events if e["kind"] == "cut")
+
+    def reply(request) -> str:
+        prompt = _text(request.messages[-1])
+        media = request.media[-1]
+        assert media.kind == "video" and len(media.timestamps_s) >= 2, "tools must send a decoded clip"
+        lo, hi = media.timestamps_s[0], media.timestamps_s[-1]
+        if "dense timeline" in prompt:                          # view_full_video stage 1
+            lines = [f"[{_mmss(p['start_s'])}-{_mmss(p['end_s'])}] {p['name']} phase" for p in gt.phases]
+            lines.append(f"WINDOW: [{_mmss(max(0, cut['time_s'] - 2))}-{_mmss(cut['time_s'] + 2)}]")
+            return "\n".join(lines)
+        if "re-watches" in prompt:                              # stage 2
+            return f"WINDOW: [{_mmss(cut['time_s'] - 0.5)}-{_mmss(cut['time_s'] + 0.5)}]\nScissors cut the vessel."
+        # crop_video: what enters within the frames actually decoded
+        lines = [f"[{_mmss(e['time_s'])}-{_mmss(e['time_s'] + 0.5)}] {e['instrument']} enters the view"
+                 for e in gt.events if e["kind"] == "instrument_in" and lo <= e["time_s"] <= hi]
+        return "\n".join(lines) or f"[{_mmss(lo)}-{_mmss(hi)}] nothing enters"
+
+    return reply
+
+
+def relook_orchestrator(request) -> str:
+    """Follows directed-relook: localise the anchor, load the skill, crop BEFORE it, answer."""
+    turns = [_text(m) for m in request.messages]
+    n_assistant = sum(1 for m in request.messages if m["role"] == "assistant")
+    if n_assistant == 0:
+        return json.dumps({"thought": "find the cut", "tool": "view_full_video",
+                           "args": {"query": "the vessel is cut with scissors"}})
+    if n_assistant == 1:
+        return json.dumps({"thought": "before/after question", "tool": "load_skill",
+                           "args": {"name": "directed-relook"}})
+    best = next(line for t in turns for line in t.splitlines() if line.startswith("Best window:"))
+    start, end = (_seconds(x) for x in _WINDOW.search(best).groups())
+    if n_assistant == 2:
+        assert "Directed re-look" in turns[-1]                   # the skill body came back
+        length = min(60.0, max(10.0, end - start))
+        return json.dumps({"thought": "re-look at the preceding window", "tool": "crop_video",
+                           "args": {"start_s": max(0.0, start - length), "end_s": start + 2,
+                                    "query": "which instruments enter the view"}})
+    entries = [(_seconds(a), line) for line in turns[-1].splitlines()
+               if (m := _WINDOW.search(line)) and "enters" in line for a in [m.group(1)]]
+    before = [(t, line) for t, line in entries if t < start]
+    t, line = before[-1]
+    instrument = line.split("] ", 1)[1].split(" enters")[0]
+    return json.dumps({"thought": "last arrival before the cut", "tool": "final_answer",
+                       "args": {"text": instrument, "evidence_times": [round(t, 2), round(start, 2)]}})
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+def _specs(tmp_path) -> dict:
+    vlm = dict(backend="fake", fps=1.0, max_frames=64, min_pixels=4 * 28 * 28,
+               max_pixels=64 * 28 * 28, total_pixels=2048 * 28 * 28, max_model_len=32768)
+    return {"orchestrator": ModelSpec(name="scripted-llm", path=str(tmp_path / "llm"), backend="fake"),
+            "video_expert": ModelSpec(name="scripted-vlm", path=str(tmp_path / "vlm"), **vlm),
+            "frame_verifier": ModelSpec(name="scripted-vlm", path=str(tmp_path / "vlm"), **vlm)}
+
+
+@pytest.fixture(scope="module")
+def skills():
+    from medclaw.skills.library import SkillLibrary
+
+    return SkillLibrary()
+
+
+def make_runtime(tmp_path, orchestrator, vlm, skills):
+    return Runtime(_specs(tmp_path), skills=skills,
+                   backends={"orchestrator": orchestrator, "video_expert": vlm, "frame_verifier": vlm})
+
+
+def config(tmp_path, **kw) -> EpisodeConfig:
+    return EpisodeConfig(trace_dir=str(tmp_path / "traces"), **kw)
+
+
+# --- the happy path -----------------------------------------------------------------------------
+
+async def test_before_question_follows_directed_relook_and_traces_frames(tmp_path, synth_video, skills):
+    gt = synth_video.gt
+    cut = next(e for e in gt.events if e["kind"] == "cut")
+    expected = next(r for r in gt.relations if r["event"] == "cut")["instrument_in_before"]
+    orchestrator = ScriptedBackend(relook_orchestrator, model_name="scripted-llm")
+    vlm = ScriptedBackend(video_expert(gt), model_name="scripted-vlm")
+    runtime = make_runtime(tmp_path, orchestrator, vlm, skills)
+
+    result = await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path))
+
+    assert result.status == "answered"
+    assert result.answer == expected["instrument"]
+    trace = Trace.load(result.trace_path)
+    tools = [s["tool"] for s in trace.steps]
+    assert tools == ["view_full_video", "load_skill", "crop_video", "final_answer"]
+    assert all(s["error"] is None for s in trace.steps)
+    sha = trace.header["video"]["sha256"]
+    assert trace.header["question"] == QUESTION and len(sha) == 64
+
+    view, skill, crop, final = trace.steps
+    # view_full_video: stage 1 over the whole video + stage 2 around the cut, frames recorded.
+    assert len(view["model_calls"]) == 2 and view["frames"]
+    assert {f["video_sha256"] for f in view["frames"]} == {sha}
+    assert min(f["timestamp_s"] for f in view["frames"]) < 5.0 < cut["time_s"]
+    # crop_video looked at the PRECEDING window, and its evidence frames lie inside it.
+    start, end = crop["args"]["start_s"], crop["args"]["end_s"]
+    assert start < cut["time_s"] - 5 and end <= cut["time_s"] + 2
+    times = [f["timestamp_s"] for f in crop["frames"]]
+    assert times and all(start - 0.05 <= t <= end + 0.05 for t in times)
+    assert all(f["frame_index"] == round(f["timestamp_s"] * gt.fps) for f in crop["frames"])
+    assert skill["frames"] == [] and "Directed re-look" in skill["observation"]
+    assert final["data"]["is_final"] is True
+    # the orchestrator saw each observation as the next user turn, on an append-only prompt
+    prompts = [r.messages for r in orchestrator.requests]
+    for earlier, later in zip(prompts, prompts[1:]):
+        assert later[:len(earlier)] == earlier
+    system = _text(prompts[0][0])
+    assert "directed-relook" in system and "crop_video" in system
+    assert _text(prompts[0][1]).rstrip().endswith(QUESTION)      # question LAST
+
+    footer = trace.footer
+    assert footer["status"] == "answered" and footer["answer"] == expected["instrument"]
+    assert footer["totals"]["tools"]["crop_video"] == 1
+    assert footer["totals"]["unique_frames"] == len({f["frame_index"] for s in trace.steps for f in s["frames"]})
+    assert footer["totals"]["visual_tokens_used"] > 0
+    await runtime.close()
+
+
+# --- model mistakes never crash -----------------------------------------------------------------
+
+async def test_malformed_unknown_and_out_of_range_become_error_observations(tmp_path, synth_video, skills):
+    duration = synth_video.duration_s
+    script = [
+        "I think the answer is the hook.",                                  # no JSON at all
+        '{"thought": "zoom", "tool": "zoom_in", "args": {}}',                # unknown tool
+        json.dumps({"thought": "x", "tool": "crop_video",                    # past the end
+                    "args": {"start_s": duration + 30, "end_s": duration + 40, "query": "q"}}),
+        '{"tool": "crop_video", "args": {"start_s": 5}}',                   # missing arguments
+        json.dumps({"thought": "done", "tool": "final_answer", "args": {"text": "hook", "evidence_times": [1.0]}}),
+    ]
+    orchestrator = ScriptedBackend(script)
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime,
+                               config(tmp_path, max_consecutive_failures=5))
+    assert result.status == "answered" and result.answer == "hook" and result.steps == 5
+    steps = Trace.load(result.trace_path).steps
+    errors = [s["error"] for s in steps]
+    assert "no JSON object" in errors[0]
+    assert "unknown tool 'zoom_in'" in errors[1]
+    assert "outside the video" in errors[2] and steps[2]["tool"] == "crop_video"
+    assert errors[3] and "end_s" in errors[3]
+    assert errors[4] is None
+    # each error was shown to the model in the next turn
+    for k in range(1, 5):
+        assert "Error at step" in _text(orchestrator.requests[k].messages[-1])
+
+
+async def test_repeated_failures_force_an_answer(tmp_path, synth_video, skills):
+    orchestrator = ScriptedBackend(["garbage"] * 3 + [
+        json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "unsure", "evidence_times": []}})])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime,
+                               config(tmp_path, max_consecutive_failures=3))
+    assert result.status == "forced_answer" and result.answer == "unsure"
+    assert "3 failed tool calls in a row" in _text(orchestrator.requests[-1].messages[-1])
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+class SchemaScripted(ScriptedBackend):
+    """A scripted backend that claims constrained decoding, to check which schema it is given."""
+
+    supports_json_schema = True
+
+
+async def test_step_budget_warns_then_forces_a_final_answer(tmp_path, synth_video, skills):
+    load = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "a grasper", "evidence_times": [2.0]}})
+    orchestrator = SchemaScripted([load] * 4 + [final])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime,
+                               config(tmp_path, max_steps=4, warn_at=0.75))
+    assert result.status == "forced_answer" and result.answer == "a grasper"
+    assert result.steps == 5
+    requests = orchestrator.requests
+    # normal turns may call any tool; the forced turn is constrained to final_answer only
+    assert "anyOf" in requests[0].json_schema
+    forced_schema = requests[-1].json_schema
+    assert forced_schema["properties"]["tool"]["enum"] == ["final_answer"]
+    assert "steps budget spent" in _text(requests[-1].messages[-1])
+    warned = [i for i, r in enumerate(requests) if "BUDGET WARNING" in _text(r.messages[-1])]
+    assert warned and warned[0] == 3                # after step 3 of 4 (75 %)
+    steps = Trace.load(result.trace_path).steps
+    assert steps[-1]["kind"] == "forced_answer"
+
+
+async def test_wall_time_budget_and_unusable_forced_answer_fail_explicitly(tmp_path, synth_video, skills):
+    orchestrator = ScriptedBackend(["still not json"])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime,
+                               config(tmp_path, max_wall_s=1e-6))
+    assert result.status.startswith("failed: no usable answer after wall time budget spent")
+    assert result.answer is None and result.steps == 1
+    assert Trace.load(result.trace_path).footer["status"] == result.status
+
+
+async def test_visual_budget_errors_are_observations(tmp_path, synth_video, skills):
+    view = json.dumps({"thought": "", "tool": "view_full_video", "args": {"query": "the cut"}})
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "unknown", "evidence_times": []}})
+    orchestrator = ScriptedBackend([view, final])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime,
+                               config(tmp_path, visual_token_budget=1))
+    steps = Trace.load(result.trace_path).steps
+    assert result.status == "answered"
+    assert "visual budget" in steps[0]["error"]
+
+
+# --- our bugs: trace saved, exception raised ----------------------------------------------------
+
+async def test_crash_mid_episode_leaves_a_failed_trace(tmp_path, synth_video, skills):
+    def boom(request):
+        raise RuntimeError("engine died")
+
+    first = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
+    orchestrator = ScriptedBackend([first, boom])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    with pytest.raises(RuntimeError, match="engine died"):
+        await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path),
+                          episode_id="crashy")
+    [path] = (tmp_path / "traces").glob("*crashy.jsonl")
+    trace = Trace.load(path)
+    assert len(trace.steps) == 1 and trace.steps[0]["tool"] == "load_skill"
+    assert trace.footer["status"] == "failed: RuntimeError: engine died"
+    assert "engine died" in trace.footer["error"]
+
+
+async def test_bad_video_fails_before_any_model_call(tmp_path, skills):
+    from medclaw.kernels.errors import NotAFileError
+
+    orchestrator = ScriptedBackend([])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    with pytest.raises(NotAFileError):
+        await run_episode(QUESTION, str(tmp_path / "missing.mp4"), runtime, config(tmp_path))
+    assert orchestrator.requests == []
+
+
+# --- concurrency ----------------------------------------------------------------------------------
+
+async def test_batch_of_eight_runs_concurrently_and_isolates_failures(tmp_path, synth_video, skills):
+    gt = synth_video.gt
+    orchestrator = ScriptedBackend(relook_orchestrator, model_name="scripted-llm")
+    vlm = ScriptedBackend(video_expert(gt), model_name="scripted-vlm")
+    runtime = make_runtime(tmp_path, orchestrator, vlm, skills)
+    items = [BatchItem(video=str(synth_video.path), question=QUESTION, id=f"q{i}") for i in range(8)]
+    items.insert(3, BatchItem(video=str(tmp_path / "nope.mp4"), question=QUESTION, id="bad"))
+    finished = []
+    results = await run_batch(items, runtime, config(tmp_path, concurrency=8),
+                              on_result=lambda item, result: finished.append(item.id))
+
+    by_id = {item.id: r for item, r in zip(items, results)}
+    assert by_id["bad"].status.startswith("failed:") and "nope.mp4" in by_id["bad"].status
+    expected = next(r for r in gt.relations if r["event"] == "cut")["instrument_in_before"]["instrument"]
+    good = [by_id[f"q{i}"] for i in range(8)]
+    assert all(r.status == "answered" and r.answer == expected for r in good)
+    assert len({r.trace_path for r in good}) == 8 and sorted(finished) == sorted(by_id)
+    # Overlap: the shared orchestrator saw requests of different episodes interleaved, i.e. some
+    # episode's first request came before another episode's last one.
+    order = [r.request_id.rsplit("-s", 1)[0] for r in orchestrator.requests]
+    assert len(order) == 8 * 4
+    spans = {ep: (order.index(ep), len(order) - 1 - order[::-1].index(ep)) for ep in set(order)}
+    overlapping = sum(1 for a in spans.values() for b in spans.values()
+                      if a is not b and a[0] < b[0] < a[1])
+    assert overlapping >= 7, f"episodes ran one after another: {order}"
+    # the VLM was shared by all episodes too
+    assert len(vlm.requests) == 8 * 3
+    await runtime.close()
+
+
+async def test_concurrency_limit_is_respected(tmp_path, synth_video, skills):
+    in_flight, peak = 0, 0
+
+    class Counting(ScriptedBackend):
+        async def generate(self, requests):
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.01)
+            try:
+                return await super().generate(requests)
+            finally:
+                in_flight -= 1
+
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "x", "evidence_times": []}})
+    orchestrator = Counting(lambda request: final)
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    items = [BatchItem(video=str(synth_video.path), question=QUESTION, id=f"c{i}") for i in range(6)]
+    results = await run_batch(items, runtime, config(tmp_path, concurrency=2))
+    assert all(r.status == "answered" for r in results)
+    assert peak == 2
+
+
+async def test_context_window_forces_an_answer_before_overflowing(tmp_path, synth_video, skills):
+    load = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "hook", "evidence_times": []}})
+    probe_backend = ScriptedBackend([final])
+    runtime = make_runtime(tmp_path, probe_backend, ScriptedBackend([]), skills)
+    await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path))
+    first_prompt = probe_backend.requests[0]
+    first_tokens = sum(len(str(m.get("content", ""))) for m in first_prompt.messages) // 4
+
+    orchestrator = ScriptedBackend([load, load, final])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    # room for the first turn and its reply, not for the skill body on top of it
+    runtime.specs["orchestrator"].max_model_len = first_tokens + 512 + 200
+    result = await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path))
+    assert result.status == "forced_answer" and result.steps == 2
+    assert "context window nearly full" in _text(orchestrator.requests[-1].messages[-1])

@@ -1,0 +1,166 @@
+"""Runtime: backends shared per model, built lazily and once; episode config + budget rules."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from medclaw.engine.budget import Budget
+from medclaw.engine.config import EpisodeConfig, load_episode_config
+from medclaw.engine.runtime import Runtime
+from medclaw.errors import ConfigError
+from medclaw.models.spec import ModelSpec
+
+
+def _specs(tmp_path):
+    vlm, llm = tmp_path / "vlm", tmp_path / "llm"
+    vlm.mkdir()
+    llm.mkdir()
+    return {
+        "orchestrator": ModelSpec(name="tiny-llm", path=str(llm), backend="fake"),
+        "judge": ModelSpec(name="tiny-llm", path=str(llm) + "/", backend="fake"),   # same folder
+        "video_expert": ModelSpec(name="tiny-vlm", path=str(vlm), backend="fake"),
+        "frame_verifier": ModelSpec(name="tiny-vlm", path=str(vlm), backend="fake"),
+        "encoder": ModelSpec(name="minilm", path=str(tmp_path / "enc"), backend="fake"),
+    }
+
+
+class _Built:
+    """Records constructions; stands in for an engine (agent-logic fake)."""
+
+    instances: list = []
+
+    def __init__(self, spec):
+        self.spec, self.closed, self.starts = spec, 0, 0
+        _Built.instances.append(self)
+
+    async def start(self):
+        self.starts += 1
+        await asyncio.sleep(0.01)          # let concurrent callers pile up on the lock
+
+    async def close(self):
+        self.closed += 1
+
+
+@pytest.fixture
+def built(monkeypatch):
+    _Built.instances = []
+    monkeypatch.setattr(Runtime, "_construct", staticmethod(_Built))
+    return _Built.instances
+
+
+async def test_roles_with_same_model_share_one_backend(tmp_path, built):
+    runtime = Runtime(_specs(tmp_path))
+    assert runtime.live_backends() == {}                    # lazy: nothing built yet
+    orchestrator = await runtime.get_backend("orchestrator")
+    assert len(built) == 1 and runtime.live_backends() == {"orchestrator": orchestrator}
+    assert await runtime.get_backend("judge") is orchestrator
+    video = await runtime.get_backend("video_expert")
+    assert video is not orchestrator
+    assert runtime.backend("frame_verifier") is video
+    assert len(built) == 2
+    info = runtime.model_info()
+    assert info["video_expert"]["shared_with"] == ["frame_verifier"]
+    assert info["orchestrator"]["shared_with"] == ["judge"]
+    await runtime.close()
+    await runtime.close()                                    # safe twice, each engine closed once
+    assert [b.closed for b in built] == [1, 1]
+    with pytest.raises(RuntimeError, match="closed"):
+        runtime.backend("orchestrator")
+
+
+async def test_concurrent_first_use_builds_and_starts_once(tmp_path, built):
+    runtime = Runtime(_specs(tmp_path))
+    got = await asyncio.gather(*(runtime.get_backend(role) for role in
+                                 ["video_expert", "frame_verifier"] * 4))
+    assert len(built) == 1 and all(b is got[0] for b in got)
+    assert built[0].starts == 1
+    await runtime.close()
+
+
+async def test_backends_view_is_lazy_and_skips_the_encoder(tmp_path, built):
+    runtime = Runtime(_specs(tmp_path))
+    view = runtime.backends_view()
+    assert "video_expert" in view and "encoder" not in view
+    assert sorted(view) == ["frame_verifier", "judge", "orchestrator", "video_expert"]
+    assert built == []                                       # membership / listing builds nothing
+    assert view["frame_verifier"] is view["video_expert"]
+    assert len(built) == 1
+    with pytest.raises(KeyError):
+        view["encoder"]
+    with pytest.raises(ConfigError, match="no model configured"):
+        await runtime.get_backend("nonexistent")
+    await runtime.close()
+
+
+async def test_injected_backends_are_used_as_given(tmp_path, built):
+    from medclaw.engine.backends.fake import ScriptedBackend
+
+    class Owned(ScriptedBackend):
+        closes = 0
+
+        async def close(self):
+            Owned.closes += 1
+
+    fake = Owned(["{}"])
+    runtime = Runtime(_specs(tmp_path), backends={"orchestrator": fake})
+    assert await runtime.get_backend("orchestrator") is fake
+    assert await runtime.get_backend("judge") is not fake      # judge was not injected: built
+    assert len(built) == 1
+    await runtime.close()
+    assert Owned.closes == 0 and built[0].closed == 1          # the caller's engine keeps running
+
+
+# --- episode config ------------------------------------------------------------------------------
+
+def test_episode_config_validates_with_one_line_errors():
+    assert EpisodeConfig().max_steps >= 1
+    for bad in ({"max_steps": 0}, {"warn_at": 0}, {"warn_at": 1.5}, {"max_wall_s": -1},
+                {"concurrency": 0}, {"orchestrator_temperature": 3.0}, {"max_steps": "8"},
+                {"trace_dir": ""}):
+        with pytest.raises(ConfigError) as info:
+            EpisodeConfig.from_dict(bad)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="unknown key"):
+        EpisodeConfig.from_dict({"max_stpes": 3})
+
+
+def test_episode_section_of_yaml_then_flags(tmp_path):
+    path = tmp_path / "medclaw.yaml"
+    path.write_text("models: {}\nepisode:\n  max_steps: 5\n  max_wall_s: 60\n  trace_dir: traces\n")
+    config = load_episode_config(path, max_steps=None, concurrency=3)
+    assert (config.max_steps, config.max_wall_s, config.trace_dir, config.concurrency) == \
+        (5, 60.0, "traces", 3)
+    assert load_episode_config(path, max_steps=2).max_steps == 2          # flag wins
+    assert load_episode_config(None).to_dict() == EpisodeConfig().to_dict()
+    (tmp_path / "bad.yaml").write_text("episode: [1, 2]\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_episode_config(tmp_path / "bad.yaml")
+    (tmp_path / "broken.yaml").write_text("episode:\n  max_steps: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_episode_config(tmp_path / "broken.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        load_episode_config(tmp_path / "missing.yaml")
+
+
+def test_budget_warns_then_exhausts_on_each_dimension():
+    class Ctx:
+        visual_tokens_used = 0
+
+    now = [0.0]
+    config = EpisodeConfig(max_steps=4, visual_token_budget=1000, max_wall_s=100.0, warn_at=0.75)
+    ctx = Ctx()
+    budget = Budget(config=config, ctx=ctx, clock=lambda: now[0])
+    assert budget.exhausted() is None and budget.warning() is None
+    budget.steps_used = 3
+    assert "1 step(s) left" in budget.warning() and budget.exhausted() is None
+    budget.steps_used = 4
+    assert budget.exhausted() == "steps budget spent"
+    budget.steps_used = 0
+    ctx.visual_tokens_used = 1000
+    assert budget.exhausted() == "visual tokens budget spent"
+    ctx.visual_tokens_used = 0
+    now[0] = 80.0
+    assert budget.warning() is not None and budget.exhausted() is None
+    now[0] = 100.0
+    assert budget.exhausted() == "wall time budget spent"
