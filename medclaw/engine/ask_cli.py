@@ -41,7 +41,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """Model / KB / skill options shared with other commands that build a Runtime."""
     parser.add_argument("--profile", default=None,
-                        help="model profile (default tiny-cpu: tiny random-weight test models)")
+                        help="model profile (default: the config's, else tiny-cpu — tiny random-weight "
+                             "test models)")
     parser.add_argument("--config", help="YAML config file (models: and episode: sections)")
     parser.add_argument("--model", action="append", default=[], metavar="ROLE=PATH",
                         help="override one role's model with a preset name or local folder")
@@ -105,8 +106,8 @@ def _handle(args) -> int:
         if not args.video or not args.question:
             raise ConfigError('usage: medclaw ask VIDEO "QUESTION" (or --batch FILE.jsonl)')
         items = [BatchItem(video=args.video, question=args.question, id="")]
-    config = load_episode_config(args.config, trace_dir=args.trace_dir, max_steps=args.max_steps,
-                                 concurrency=args.concurrency)
+    config = load_episode_config(args.config, profile=args.profile, trace_dir=args.trace_dir,
+                                 max_steps=args.max_steps, concurrency=args.concurrency)
 
     # 1. videos — before anything heavy. A single bad video is a user error (exit 2); in a batch
     #    it fails only its own items.
@@ -124,7 +125,7 @@ def _handle(args) -> int:
     # 2. models, KB, skills — resolved and checked; no engine starts here.
     from medclaw.engine.runtime import open_runtime
 
-    runtime = open_runtime(profile=args.profile or "tiny-cpu", config_path=args.config,
+    runtime = open_runtime(profile=args.profile, config_path=args.config,
                            overrides=parse_model_overrides(args.model), kb_dir=args.kb,
                            skills_dir=args.skills)
     import asyncio

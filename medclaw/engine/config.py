@@ -26,6 +26,12 @@ class EpisodeConfig:
     forced_answer_max_tokens: int = 256
     trace_dir: str = "artifacts/traces"
     concurrency: int = 8                 # episodes in flight at once in a batch
+    # Bounds of the *generation* schema only (arguments are still validated against each tool's
+    # own schema). Weak or random-weight models fill every free string to its maxLength, so a
+    # tight cap is what lets their JSON close within max_tokens. None = the tools' own bounds.
+    thought_max_chars: int = 400
+    max_string_chars: int | None = None
+    max_array_items: int | None = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_steps, int) and self.max_steps >= 1, "max_steps must be an integer >= 1")
@@ -43,6 +49,12 @@ class EpisodeConfig:
                "orchestrator_temperature must be in [0, 2]")
         _check(isinstance(self.trace_dir, str) and self.trace_dir != "", "trace_dir must be a non-empty path")
         _check(isinstance(self.concurrency, int) and self.concurrency >= 1, "concurrency must be an integer >= 1")
+        _check(isinstance(self.thought_max_chars, int) and self.thought_max_chars >= 1,
+               "thought_max_chars must be an integer >= 1")
+        for name in ("max_string_chars", "max_array_items"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                   f"{name} must be null or an integer >= 1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,9 +80,25 @@ class EpisodeConfig:
         return EpisodeConfig.from_dict(merged)
 
 
-def load_episode_config(config_path: str | Path | None = None, **overrides) -> EpisodeConfig:
-    """Defaults ← `episode:` section of `config_path` (if given) ← non-None `overrides`."""
+# Episode settings a model profile needs to work at all (a table, not a branch per profile): the
+# tiny random-weight models need tight generation bounds or their JSON never closes (STACK.md).
+DEFAULT_PROFILE = "tiny-cpu"             # same default as medclaw.models.registry
+PROFILE_EPISODE_DEFAULTS: dict[str, dict] = {
+    "tiny-cpu": dict(thought_max_chars=32, max_string_chars=32, max_array_items=2,
+                     orchestrator_max_tokens=768, forced_answer_max_tokens=512),
+}
+
+
+def load_episode_config(config_path: str | Path | None = None, *, profile: str | None = None,
+                        **overrides) -> EpisodeConfig:
+    """Defaults ← the profile's row of PROFILE_EPISODE_DEFAULTS ← `episode:` section of
+    `config_path` (if given) ← non-None `overrides` (CLI flags).
+
+    The profile is resolved like the model registry does: `profile` > the config's `profile:` >
+    "tiny-cpu".
+    """
     section: dict = {}
+    doc: dict = {}
     if config_path is not None:
         path = Path(config_path)
         if not path.is_file():
@@ -88,7 +116,9 @@ def load_episode_config(config_path: str | Path | None = None, **overrides) -> E
         section = doc.get("episode") or {}
         if not isinstance(section, dict):
             raise ConfigError(f"config file {path}: `episode:` must be a mapping")
-    return EpisodeConfig.from_dict(section).replace(**overrides)
+    profile = profile or doc.get("profile") or DEFAULT_PROFILE
+    merged = {**PROFILE_EPISODE_DEFAULTS.get(profile, {}), **section}
+    return EpisodeConfig.from_dict(merged).replace(**overrides)
 
 
 def _is_number(value) -> bool:

@@ -20,6 +20,7 @@ loop), so a bad path fails in seconds, before any engine is asked for.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import traceback
 import uuid
@@ -129,11 +130,7 @@ class _Episode:
 
     async def _loop(self) -> str:
         orchestrator = await self.runtime.get_backend("orchestrator")
-        schema = None
-        if orchestrator.supports_json_schema:
-            from medclaw.engine.toolcall import action_schema
-
-            schema = action_schema(self.tool_specs)
+        schema = self._generation_schema(self.tool_specs) if orchestrator.supports_json_schema else None
         failures = 0
         while True:
             reason = self.budget.exhausted()
@@ -150,17 +147,16 @@ class _Episode:
             self.budget.context_tokens = _next_prompt_tokens(step.orchestrator_call, turn)
 
     async def _forced_answer(self, orchestrator, reason: str) -> str:
-        schema = None
-        if orchestrator.supports_json_schema:
-            from medclaw.engine.toolcall import action_schema
-
-            schema = action_schema(self.final_specs)
+        schema = self._generation_schema(self.final_specs) if orchestrator.supports_json_schema else None
         self.conversation.add_user(forced_answer_turn(reason))
         step = await self._step(orchestrator, schema, self.final_specs, kind="forced_answer",
                                 max_tokens=self.config.forced_answer_max_tokens)
         if step.error is None and step.data.get("is_final"):
             return "forced_answer"
         return f"failed: no usable answer after {reason} ({_one_line(step.error or 'no answer')})"
+
+    def _generation_schema(self, specs: list[dict]) -> dict:
+        return generation_schema(specs, self.config, self.video.duration_s)
 
     async def _step(self, orchestrator, schema, specs, *, kind, max_tokens=None) -> Step:
         """Think (one orchestrator call), act (parse + tool), record (trace line)."""
@@ -177,6 +173,11 @@ class _Episode:
         step.orchestrator_call, step.raw_output = result, result.text
 
         action = parse_action(result.text, specs)
+        if isinstance(action, ActionError) and _CONTROL.search(result.text):
+            # Raw control characters inside JSON strings are invalid JSON, but constrained decoding
+            # of weak models emits them; read the call with them blanked (the trace keeps the raw).
+            retry = parse_action(_CONTROL.sub(" ", result.text), specs)
+            action = retry if not isinstance(retry, ActionError) else action
         if isinstance(action, ActionError):
             step.error = action.message
         else:
@@ -209,6 +210,49 @@ class _Episode:
         if error:
             fields["error"] = error
         self.writer.footer(**fields)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def generation_schema(tool_specs: list[dict], config: EpisodeConfig, duration_s: float) -> dict:
+    """The schema the orchestrator's output is constrained to for one episode.
+
+    `action_schema` over the tools, tightened: time fields (maximum = the tools' MAX_TIME_S) get
+    the video's duration as maximum, and free strings / arrays the config's caps. Only generation
+    is tightened; parsed arguments are still validated against each tool's own schema.
+    """
+    from medclaw.engine.toolcall import action_schema
+    from medclaw.tools.schema import MAX_TIME_S
+
+    schema = action_schema(tool_specs, thought_max_chars=config.thought_max_chars)
+
+    def walk(node) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        kinds = node.get("type")
+        kinds = set(kinds) if isinstance(kinds, list) else {kinds} if isinstance(kinds, str) else set()
+        if kinds & {"number", "integer"} and node.get("maximum") == MAX_TIME_S:
+            node["maximum"] = round(float(duration_s), 3)
+        if "string" in kinds and config.max_string_chars and "maxLength" in node:
+            node["maxLength"] = min(node["maxLength"], config.max_string_chars)
+            node["minLength"] = min(node.get("minLength", 0), node["maxLength"])
+        if "array" in kinds and config.max_array_items and "maxItems" in node:
+            node["maxItems"] = min(node["maxItems"], config.max_array_items)
+            node["minItems"] = min(node.get("minItems", 0), node["maxItems"])
+        for key in ("properties", "$defs", "definitions"):      # maps of name → schema
+            for sub in (node.get(key) or {}).values():
+                walk(sub)
+        for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems"):
+            if key in node:
+                walk(node[key])
+
+    walk(schema)
+    return schema
 
 
 def _next_prompt_tokens(call, turn: str) -> int:

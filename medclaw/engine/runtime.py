@@ -240,7 +240,7 @@ def _skill_names(skills) -> list[str] | None:
     return None
 
 
-def open_runtime(*, profile: str = "tiny-cpu", config_path: str | None = None,
+def open_runtime(*, profile: str | None = None, config_path: str | None = None,
                  overrides: dict[str, str] | None = None, kb_dir: str | None = None,
                  skills_dir: str | None = None, frame_source_kwargs: dict | None = None) -> Runtime:
     """Resolve models, load the KB and skills, check everything — and start no engine.

@@ -127,6 +127,11 @@ class KnowledgeBase:
             self._encoder = enc
         return self._encoder
 
+    def warm(self) -> None:
+        """Load the encoder and run it once, e.g. at engine start, so the first episode's
+        `search_surgical_kb` call does not pay the encoder's load time."""
+        self.encoder().encode(["warm-up"], progress=False)
+
     # ---- search --------------------------------------------------------------------------------
 
     def search(self, query: str, k: int = 5, type: str | None = None) -> list[Hit]:

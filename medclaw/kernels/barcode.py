@@ -18,6 +18,7 @@ away from blurred edges) and thresholds it halfway between the guards' black and
 
 API:
     draw_frame_index(frame, index)   in place; frame uint8 (H, W, 3), 0 <= index < MAX_INDEX
+    frame_index_row(index, width)    one strip row, uint8 (W,) of 0/255 (for other pixel formats)
     read_frame_index(frame) -> int   raises BarcodeError (a ValueError) when unreadable
     read_frame_indices(frames) -> list[int]   batch (T, H, W, 3); -1 for an unreadable frame
     read_frame_index_reference(frame) -> int  plain per-cell loop, the reference for the fast path
@@ -75,14 +76,18 @@ def _cell_edges(width: int) -> np.ndarray:
     return np.round(np.arange(NUM_CELLS + 1) * (width / NUM_CELLS)).astype(np.int64)
 
 
-def draw_frame_index(frame: np.ndarray, index: int) -> None:
-    """Draw the strip for `index` into `frame` (uint8 (H, W, 3)) in place."""
-    height, width = frame.shape[:2]
+def frame_index_row(index: int, width: int) -> np.ndarray:
+    """One row of the strip for `index`: uint8 (width,), 255 for white cells, 0 for black."""
     if width < NUM_CELLS:
         raise ValueError(f"frame {width} px wide is too narrow for a {NUM_CELLS}-cell barcode")
     cells = np.asarray(encode_cells(index), dtype=np.uint8) * 255         # (NUM_CELLS,)
-    edges = _cell_edges(width)
-    row = np.repeat(cells, np.diff(edges))                                # (W,)
+    return np.repeat(cells, np.diff(_cell_edges(width)))                  # (W,)
+
+
+def draw_frame_index(frame: np.ndarray, index: int) -> None:
+    """Draw the strip for `index` into `frame` (uint8 (H, W, 3)) in place."""
+    height, width = frame.shape[:2]
+    row = frame_index_row(index, width)                                   # (W,)
     # A contiguous (W, 3) row broadcasts ~100x faster than a stride-0 channel axis.
     frame[: strip_height(height)] = np.repeat(row[:, None], 3, axis=1)[None]   # (h, W, 3)
 

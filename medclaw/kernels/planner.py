@@ -67,12 +67,6 @@ class FramePlan:
     def num_frames(self) -> int:
         return len(self.frame_indices)
 
-    def media_uuid(self, video_sha256: str) -> str:
-        """Prefix-cache identity (DESIGN.md rule 2): sha256 + frame range + fps + pixel size."""
-        first, last = self.frame_indices[0], self.frame_indices[-1]
-        return (f"{video_sha256}:f{first}-{last}:n{self.num_frames}:fps{self.fps:.4f}"
-                f":{self.width}x{self.height}")
-
     def to_dict(self) -> dict:
         return asdict(self)
 

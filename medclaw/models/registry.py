@@ -111,6 +111,8 @@ def _validate_catalog(cat: Catalog, where: str) -> None:
         roles = profile.get("roles") or {}
         if set(roles) != set(ROLES):
             raise ConfigError(f"{where}: profile {name!r} must assign every role {list(ROLES)}")
+        for backend, fields in (profile.get("defaults") or {}).items():
+            _check_entry(fields, f"{where}: profile {name!r} defaults.{backend}", allow_preset=False)
 
 
 def _check_entry(fields, where: str, allow_preset: bool = True) -> None:
@@ -196,18 +198,19 @@ def _apply(cat: Catalog, defaults: dict, current: dict, entry, base_dir: Path, w
     if isinstance(entry, str):
         if entry in cat.presets:
             return _preset_fields(cat, defaults, entry, where)
-        folder = _reference_folder(entry, base_dir, where, cat)
-        return {**current, **_folder_fields(folder, current)}
+        return _folder_fields(_reference_folder(entry, base_dir, where, cat), current)
     _check_entry(entry, where)
     entry = dict(entry)
-    if "preset" in entry:
-        name = entry.pop("preset")
-        if name not in cat.presets:
-            raise ConfigError(f"{where}: unknown preset {name!r}; known: {sorted(cat.presets)}")
-        current = _preset_fields(cat, defaults, name, where)
+    preset = entry.pop("preset", None)
+    if preset is not None:
+        if preset not in cat.presets:
+            raise ConfigError(f"{where}: unknown preset {preset!r}; known: {sorted(cat.presets)}")
+        current = _preset_fields(cat, defaults, preset, where)
     if "path" in entry:
-        entry["path"] = str((base_dir / Path(entry["path"]).expanduser()).resolve())
-        current = {k: v for k, v in current.items() if k != "source"}
+        folder = (base_dir / Path(str(entry.pop("path"))).expanduser()).resolve()
+        # `{preset: X, path: P}` = preset X's weights at P; a bare `{path: P}` = whatever P holds
+        current = (_folder_fields(folder, current) if preset is None
+                   else {**{k: v for k, v in current.items() if k != "source"}, "path": str(folder)})
     return _merge(current, entry)
 
 

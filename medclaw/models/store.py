@@ -200,10 +200,10 @@ def revision_hash(path: str | os.PathLike) -> str:
         return manifest["revision"]
     key = (str(folder), tuple((rel, s.st_size, s.st_mtime_ns) for rel, s in sorted(stats.items())))
     if key not in _FINGERPRINTS:
-        digest = hashlib.sha256()
-        for rel in sorted(files):
-            digest.update(f"{rel}\0{stats[rel].st_size}\0{_fingerprint(folder / rel, stats[rel].st_size)}\n".encode())
-        _FINGERPRINTS[key] = digest.hexdigest()[:REVISION_CHARS]
+        _FINGERPRINTS[key] = _revision_of({
+            rel: {"size": stats[rel].st_size, "fingerprint": _fingerprint(folder / rel, stats[rel].st_size)}
+            for rel in files
+        })
     return _FINGERPRINTS[key]
 
 
@@ -228,7 +228,8 @@ def _fingerprint(path: Path, size: int) -> str:
 
 
 def _revision_of(entries: dict) -> str:
-    lines = "".join(f"{rel}\0{entries[rel]['sha256']}\n" for rel in sorted(entries))
+    """One definition for both paths (manifest and fingerprint), so equal bytes → equal revision."""
+    lines = "".join(f"{rel}\0{entries[rel]['size']}\0{entries[rel]['fingerprint']}\n" for rel in sorted(entries))
     return hashlib.sha256(lines.encode()).hexdigest()[:REVISION_CHARS]
 
 
@@ -262,8 +263,12 @@ def _hash_files(folder: Path, files: list[str], progress: bool, label: str) -> d
                 while chunk := fh.read(_HASH_CHUNK):
                     digest.update(chunk)
                     bar.update(len(chunk))
-            entries[rel] = {"size": stats[rel].st_size, "mtime_ns": stats[rel].st_mtime_ns,
-                            "sha256": digest.hexdigest()}
+            size = stats[rel].st_size
+            sha = digest.hexdigest()
+            # small files: the fingerprint is the full sha256, no second read
+            fingerprint = sha if size <= FINGERPRINT_FULL_LIMIT else _fingerprint(folder / rel, size)
+            entries[rel] = {"size": size, "mtime_ns": stats[rel].st_mtime_ns, "sha256": sha,
+                            "fingerprint": fingerprint}
     return entries
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when anything that changes the written files changes (sizes, tokenizer corpus, templates).
-TINY_VERSION = 1
+TINY_VERSION = 2
 MARKER_NAME = "medclaw-tiny.json"
 
 # Qwen's special tokens, in Qwen's order, so they get the lowest ids. `<|video_pad|>` etc. must be
@@ -243,16 +243,17 @@ def _save_tokenizer(folder: Path, tokenizer, chat_template: str) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _write_weights(model, folder: Path, seed: int) -> None:
-    """Deterministic init → bf16 safetensors. `torch.manual_seed` before construction is enough
-    on CPU: every parameter is drawn from the global generator in construction order."""
-    model.to(dtype=_bf16()).save_pretrained(folder, safe_serialization=True)
-
-
-def _bf16():
+def _write_weights(model, folder: Path) -> None:
+    """bf16 safetensors. Determinism comes from `torch.manual_seed` before construction: on CPU
+    every parameter is drawn from the global generator in construction order."""
     import torch
+    from transformers.utils import logging as hf_logging
 
-    return torch.bfloat16
+    hf_logging.disable_progress_bar()          # a 1-shard "Writing model shards" bar is noise
+    try:
+        model.to(dtype=torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def _generation_config(folder: Path, ids: dict[str, int]) -> None:
@@ -294,7 +295,7 @@ def _write_vlm(folder: Path, tokenizer, seed: int) -> None:
     config.pad_token_id = ids["<|endoftext|>"]
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
-    _write_weights(model, folder, seed)
+    _write_weights(model, folder)
     _generation_config(folder, ids)
 
     merge = VISION_SIZES["spatial_merge_size"]
@@ -305,7 +306,9 @@ def _write_vlm(folder: Path, tokenizer, seed: int) -> None:
     )
     processor = Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(**common),
-        video_processor=Qwen2VLVideoProcessor(**common),
+        # Frames arrive already resized by our planner (qwen-vl-utils budgets); keep the processor's
+        # uncapped behaviour explicitly (silences the v5.22 default-change warning, matches vLLM).
+        video_processor=Qwen2VLVideoProcessor(**common, cap_pixels_per_frame=False),
         tokenizer=tokenizer, chat_template=VLM_CHAT_TEMPLATE,
     )
     processor.save_pretrained(folder)
@@ -325,6 +328,6 @@ def _write_llm(folder: Path, tokenizer, seed: int) -> None:
     )
     torch.manual_seed(seed + 1)      # a different draw from the VLM's text tower
     model = Qwen2ForCausalLM(config)
-    _write_weights(model, folder, seed)
+    _write_weights(model, folder)
     _generation_config(folder, ids)
     _save_tokenizer(folder, tokenizer, LLM_CHAT_TEMPLATE)

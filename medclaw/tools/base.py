@@ -40,6 +40,16 @@ class ToolError(Exception):
     `Observation(error=str(err))`; the message is written for the orchestrator to read and fix."""
 
 
+def error_observation(tool: str, message: str, *, frames=(), model_calls=()) -> Observation:
+    """An observation that tells the orchestrator what went wrong (`text == error`).
+
+    Tools return this directly (instead of raising `ToolError`) when a sub-agent already ran, so
+    the frames it saw and its GenResult still reach the trace.
+    """
+    text = f"{tool}: {message}" if tool else message
+    return Observation(text=text, error=text, frames=list(frames), model_calls=list(model_calls))
+
+
 class Tool(abc.ABC):
     name: str = ""
     description: str = ""

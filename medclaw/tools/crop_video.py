@@ -9,7 +9,7 @@ passed on verbatim, flagged, rather than dropped; an empty reply is an error obs
 from __future__ import annotations
 
 from medclaw.tools import prompts
-from medclaw.tools.base import Tool, ToolContext, ToolError
+from medclaw.tools.base import Tool, ToolContext, ToolError, error_observation
 from medclaw.tools.media import backend_for, check_window, load_clip, plan_clip
 from medclaw.tools.schema import object_schema, text_field, time_field
 from medclaw.tools.timeline import Window, parse_timeline, resolve_clip_timeline, strip_reasoning
@@ -47,14 +47,16 @@ class CropVideoTool(Tool):
             conversation.to_request(max_tokens=prompts.TIMELINE_MAX_TOKENS, temperature=0.0))
         answer = strip_reasoning(result.text)
         if not answer.strip():
-            raise ToolError("the video expert returned an empty description for "
-                            f"{window}; try again with a narrower range or another query")
+            return error_observation(
+                self.name, f"the video expert returned an empty description for "
+                f"{window.seconds()}; try again with a narrower range or another query",
+                frames=clip.frames, model_calls=[result])
         timeline = parse_timeline(result.text)
         basis = resolve_clip_timeline(timeline, window)
         size = f"{clip.frames[0].width}x{clip.frames[0].height}"
-        lines = [f"Clip {window} ({len(clip.frames)} frames at {size}):"]
+        lines = [f"Clip {window.seconds()} ({len(clip.frames)} frames at {size}):"]
         if timeline.entries:
-            lines += [f"{Window(e.start_s, e.end_s)} {e.text}".rstrip()
+            lines += [f"{Window(e.start_s, e.end_s).seconds()} {e.text}".rstrip()
                       for e in timeline.entries[:MAX_TIMELINE_LINES]]
             if basis == "clip":
                 lines.append("(times were given relative to the clip; shifted to video time)")

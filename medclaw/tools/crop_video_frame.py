@@ -29,4 +29,5 @@ class CropVideoFrameTool(Tool):
         x1, y1, x2, y2 = (float(args[k]) for k in ("x1", "y1", "x2", "y2"))
         if not (x1 < x2 and y1 < y2):
             raise ToolError(f"region needs x1 < x2 and y1 < y2, got x {x1:g}-{x2:g}, y {y1:g}-{y2:g}")
-        return await describe_frame(ctx, float(args["time_s"]), args["query"], (x1, y1, x2, y2))
+        return await describe_frame(self.name, ctx, float(args["time_s"]), args["query"],
+                                    (x1, y1, x2, y2))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from medclaw.tools.base import Tool, ToolContext, ToolError
 from medclaw.tools.schema import MAX_ANSWER_CHARS, MAX_EVIDENCE_TIMES, object_schema, text_field, time_field
-from medclaw.tools.timeline import format_time
 from medclaw.types import Observation
 
 
@@ -34,9 +33,9 @@ class FinalAnswerTool(Tool):
         duration = ctx.video.duration_s
         outside = [t for t in times if t > duration]
         if outside:
-            raise ToolError(f"evidence times {', '.join(f'{t:g}s' for t in outside)} are past the "
-                            f"end of the video ({duration:.1f}s)")
-        cited = ", ".join(format_time(t) for t in times) or "none"
+            raise ToolError(f"evidence times {', '.join(f'{t:g} s' for t in outside)} are past the "
+                            f"end of the video ({duration:.1f} s)")
+        cited = ", ".join(f"{t:.2f} s" for t in times) or "none"
         return Observation(
             text=f"Final answer recorded (evidence at {cited}).",
             data={"is_final": True, "answer": answer, "evidence_times": times},

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from medclaw.kernels.errors import TimeRangeError
 from medclaw.tools.base import ToolContext, ToolError
 from medclaw.tools.prompts import FRAME_MAX_TOKENS
-from medclaw.tools.timeline import Window, format_time
+from medclaw.tools.timeline import Window
 from medclaw.types import FrameRef, MediaItem, VideoInfo
 
 PATCH = 28                       # Qwen2.5-VL: 14-px patches merged 2×2 → one token per 28×28 px
@@ -75,14 +75,13 @@ async def backend_for(ctx: ToolContext, role: str):
 # --- time checks ----------------------------------------------------------------------------------
 def check_time(video: VideoInfo, time_s: float) -> float:
     if not 0 <= time_s <= video.duration_s:
-        raise TimeRangeError(f"time {time_s:g}s is outside the video (0 to {video.duration_s:.2f}s, "
-                             f"i.e. 00:00-{format_time(video.duration_s)})")
+        raise TimeRangeError(f"time {time_s:g} s is outside the video (0 to {video.duration_s:.2f} s)")
     return float(time_s)
 
 
 def check_window(video: VideoInfo, start_s: float, end_s: float) -> Window:
     if start_s >= end_s:
-        raise TimeRangeError(f"start {start_s:g}s must be before end {end_s:g}s")
+        raise TimeRangeError(f"start {start_s:g} s must be before end {end_s:g} s")
     for t in (start_s, end_s):
         check_time(video, t)
     return Window(float(start_s), float(end_s))
@@ -117,8 +116,9 @@ def plan_clip(ctx: ToolContext, role: str, window: Window, *, context_tokens: in
               max_tokens: int = 0, share: float = 1.0):
     """A FramePlan for `window` under the role's budgets and the tokens left (see module doc).
 
-    `share` < 1 keeps part of a *binding* budget for a later look (stage 2 of view_full_video);
-    when the budget does not bind it changes nothing, so plans (and uuids) stay stable.
+    `share` < 1 keeps part of a *binding* limit (episode budget or model context) for a later look
+    in the same conversation (stage 2 of view_full_video); when neither binds it changes nothing,
+    so plans (and uuids) stay identical across questions.
     """
     from medclaw.kernels.planner import plan_frames
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from medclaw.kernels.errors import InvalidCropError, TimeRangeError
-from medclaw.tools.base import Tool, ToolContext, ToolError
+from medclaw.tools.base import Tool, ToolContext, ToolError, error_observation
 from medclaw.types import Observation
 
 _MAX_ERRORS_SHOWN = 3
@@ -81,16 +81,15 @@ class ToolRegistry:
 
     async def run(self, ctx: ToolContext, name: str, args: object) -> Observation:
         if name not in self._tools:
-            message = f"unknown tool {name!r}; available tools: {', '.join(self._tools)}"
-            return Observation(text=message, error=message)
+            return error_observation(
+                "", f"unknown tool {name!r}; available tools: {', '.join(self._tools)}")
         problem = self.validate(name, args)
         if problem is not None:
-            return Observation(text=problem, error=problem)
+            return error_observation("", problem)
         try:
             return await self._tools[name].run(ctx, args)
         except (ToolError, TimeRangeError, InvalidCropError) as err:
-            message = f"{name}: {err}"
-            return Observation(text=message, error=message)
+            return error_observation(name, str(err))
 
 
 def _describe(error) -> str:

@@ -7,16 +7,16 @@ screen at `time_s` at its image pixel budget. Times outside [0, duration] → er
 from __future__ import annotations
 
 from medclaw.tools import prompts
-from medclaw.tools.base import Tool, ToolContext, ToolError
+from medclaw.tools.base import Tool, ToolContext, ToolError, error_observation
 from medclaw.tools.media import backend_for, check_time, load_frame
 from medclaw.tools.schema import object_schema, text_field, time_field
-from medclaw.tools.timeline import format_time, strip_reasoning
+from medclaw.tools.timeline import strip_reasoning
 from medclaw.types import Observation
 
 ROLE = "frame_verifier"
 
 
-async def describe_frame(ctx: ToolContext, time_s: float, query: str,
+async def describe_frame(tool: str, ctx: ToolContext, time_s: float, query: str,
                          crop_box: tuple[float, float, float, float] | None = None) -> Observation:
     """Decode the frame (or region), ask the frame verifier, build the observation."""
     from medclaw.engine.prompt import Conversation
@@ -36,9 +36,11 @@ async def describe_frame(ctx: ToolContext, time_s: float, query: str,
         conversation.to_request(max_tokens=prompts.FRAME_MAX_TOKENS, temperature=0.0))
     answer = strip_reasoning(result.text).strip()
     if not answer:
-        raise ToolError(f"the frame verifier returned an empty description of the frame at "
-                        f"{format_time(ref.timestamp_s)}; try another query or time")
-    where = f"frame {ref.frame_index} at {format_time(ref.timestamp_s)}"
+        return error_observation(
+            tool, f"the frame verifier returned an empty description of the frame at "
+            f"{ref.timestamp_s:.2f} s; try another query or time",
+            frames=clip.frames, model_calls=[result])
+    where = f"frame {ref.frame_index} at {ref.timestamp_s:.2f} s"
     if crop_box is not None:
         where = (f"region x {crop_box[0]:.2f}-{crop_box[2]:.2f}, y {crop_box[1]:.2f}-{crop_box[3]:.2f} "
                  f"of {where}")
@@ -59,4 +61,4 @@ class SelectVideoFrameTool(Tool):
     })
 
     async def run(self, ctx: ToolContext, args: dict) -> Observation:
-        return await describe_frame(ctx, float(args["time_s"]), args["query"])
+        return await describe_frame(self.name, ctx, float(args["time_s"]), args["query"])

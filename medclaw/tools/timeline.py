@@ -69,7 +69,12 @@ class Window:
         return Window(start, end) if end >= start else None
 
     def __str__(self) -> str:
+        """`[mm:ss.s-mm:ss.s]`: how windows are written to the VLMs (and read back)."""
         return f"[{format_time(self.start_s)}-{format_time(self.end_s)}]"
+
+    def seconds(self) -> str:
+        """`[12.0-30.5 s]`: how windows are written to the orchestrator, whose tools take seconds."""
+        return f"[{self.start_s:.1f}-{self.end_s:.1f} s]"
 
 
 @dataclass(slots=True, frozen=True)

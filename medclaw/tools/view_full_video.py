@@ -19,7 +19,7 @@ at all → error observation with an excerpt of the reply.
 from __future__ import annotations
 
 from medclaw.tools import prompts
-from medclaw.tools.base import Tool, ToolContext, ToolError
+from medclaw.tools.base import Tool, ToolContext, ToolError, error_observation
 from medclaw.tools.media import VisualBudgetError, backend_for, load_clip, plan_clip
 from medclaw.tools.schema import object_schema, text_field
 from medclaw.tools.timeline import (Timeline, Window, parse_timeline, parse_window,
@@ -80,11 +80,13 @@ class ViewFullVideoTool(Tool):
 
         if candidate is None:
             if not timeline.entries:
-                raise ToolError("the video expert's reply had neither a timeline nor a window: "
-                                f"{excerpt(strip_reasoning(stage1.text)) or '(empty)'}")
+                return error_observation(
+                    self.name, "the video expert's reply had neither a timeline nor a window: "
+                    f"{excerpt(strip_reasoning(stage1.text)) or '(empty)'}",
+                    frames=clip1.frames, model_calls=[stage1])
             report.candidate_note = (
                 "not given — the video expert named no readable window"
-                + (f" ({raw_candidate} is outside the video)" if raw_candidate else "")
+                + (f" ({raw_candidate.seconds()} is outside the video)" if raw_candidate else "")
                 + "; pick a range from the timeline and use crop_video")
             return report.finish(obs)
         report.candidate = candidate
@@ -153,7 +155,7 @@ class _Report:
                  f"{self.clip1_size[0]}x{self.clip1_size[1]}):"]
         entries = self.timeline.entries
         for e in entries[:MAX_TIMELINE_LINES]:
-            lines.append(f"{Window(e.start_s, e.end_s)} {e.text}".rstrip())
+            lines.append(f"{Window(e.start_s, e.end_s).seconds()} {e.text}".rstrip())
         if len(entries) > MAX_TIMELINE_LINES:
             lines.append(f"… {len(entries) - MAX_TIMELINE_LINES} more timeline lines omitted")
         if not entries:
@@ -162,18 +164,19 @@ class _Report:
             shown = "; ".join(excerpt(u, 80) for u in self.timeline.unparsed[:5])
             lines.append(f"Lines without readable times ({len(self.timeline.unparsed)}): {shown}")
         if self.candidate is not None:
-            lines.append(f"Candidate window: {self.candidate}")
+            lines.append(f"Candidate window: {self.candidate.seconds()}")
         else:
             lines.append(f"Candidate window: {self.candidate_note}")
         if self.refined is not None:
             basis = "" if self.refined_basis == "video" else f" (read as {self.refined_basis} time)"
-            lines.append(f"Refined window: {self.refined}{basis} — re-watched {self.search} "
+            lines.append(f"Refined window: {self.refined.seconds()}{basis} — re-watched "
+                         f"{self.search.seconds()} "
                          f"({self.clip2_frames} frames at {self.clip2_size[0]}x{self.clip2_size[1]})"
                          + (f": {self.refined_summary}" if self.refined_summary else ""))
         elif self.refined_note:
             lines.append(f"Refined window: {self.refined_note}")
         if self.window is not None:
-            lines.append(f"Best window: {self.window}")
+            lines.append(f"Best window: {self.window.seconds()}")
         obs.text = "\n".join(lines)
         obs.data = {
             "timeline": [e.to_dict() for e in entries],

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import pytest
 
@@ -19,6 +18,7 @@ from medclaw.engine.episode import BatchItem, run_batch, run_episode
 from medclaw.engine.runtime import Runtime
 from medclaw.engine.trace import Trace
 from medclaw.models.spec import ModelSpec
+from medclaw.tools.timeline import find_windows
 
 QUESTION = "Which instrument was brought in just before the vessel was cut?"
 
@@ -35,13 +35,6 @@ def _text(message) -> str:
 def _mmss(t: float) -> str:
     return f"{int(t // 60):02d}:{t % 60:04.1f}"
 
-
-def _seconds(mmss: str) -> float:
-    parts = [float(p) for p in mmss.split(":")]
-    return parts[0] * 60 + parts[1] if len(parts) == 2 else parts[0]
-
-
-_WINDOW = re.compile(r"\[(\d+:\d+(?:\.\d+)?)\s*-\s*(\d+:\d+(?:\.\d+)?)\]")
 
 
 def video_expert(gt):
@@ -78,18 +71,19 @@ def relook_orchestrator(request) -> str:
         return json.dumps({"thought": "before/after question", "tool": "load_skill",
                            "args": {"name": "directed-relook"}})
     best = next(line for t in turns for line in t.splitlines() if line.startswith("Best window:"))
-    start, end = (_seconds(x) for x in _WINDOW.search(best).groups())
+    [window] = find_windows(best, lenient=True)
+    start, end = window.start_s, window.end_s
     if n_assistant == 2:
         assert "Directed re-look" in turns[-1]                   # the skill body came back
         length = min(60.0, max(10.0, end - start))
         return json.dumps({"thought": "re-look at the preceding window", "tool": "crop_video",
                            "args": {"start_s": max(0.0, start - length), "end_s": start + 2,
                                     "query": "which instruments enter the view"}})
-    entries = [(_seconds(a), line) for line in turns[-1].splitlines()
-               if (m := _WINDOW.search(line)) and "enters" in line for a in [m.group(1)]]
+    entries = [(find_windows(line, lenient=True)[0].start_s, line)
+               for line in turns[-1].splitlines() if "enters" in line]
     before = [(t, line) for t, line in entries if t < start]
     t, line = before[-1]
-    instrument = line.split("] ", 1)[1].split(" enters")[0]
+    instrument = line.split(" enters")[0].split()[-1]
     return json.dumps({"thought": "last arrival before the cut", "tool": "final_answer",
                        "args": {"text": instrument, "evidence_times": [round(t, 2), round(start, 2)]}})
 
@@ -353,10 +347,41 @@ async def test_context_window_forces_an_answer_before_overflowing(tmp_path, synt
     first_prompt = probe_backend.requests[0]
     first_tokens = sum(len(str(m.get("content", ""))) for m in first_prompt.messages) // 4
 
-    orchestrator = ScriptedBackend([load, load, final])
+    orchestrator = ScriptedBackend([load, final])
     runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
     # room for the first turn and its reply, not for the skill body on top of it
     runtime.specs["orchestrator"].max_model_len = first_tokens + 512 + 200
     result = await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path))
     assert result.status == "forced_answer" and result.steps == 2
     assert "context window nearly full" in _text(orchestrator.requests[-1].messages[-1])
+
+
+def test_generation_schema_tightens_times_strings_and_arrays(tool_specs):
+    from medclaw.engine.episode import generation_schema
+    from medclaw.tools.schema import MAX_TIME_S
+
+    config = EpisodeConfig(thought_max_chars=20, max_string_chars=30, max_array_items=2)
+    schema = generation_schema(tool_specs, config, duration_s=61.5)
+    branches = {b["properties"]["tool"]["enum"][0]: b for b in schema["anyOf"]}
+    crop = branches["crop_video"]["properties"]
+    assert crop["thought"]["maxLength"] == 20
+    assert crop["args"]["properties"]["start_s"]["maximum"] == 61.5
+    assert crop["args"]["properties"]["query"]["maxLength"] == 30
+    final = branches["final_answer"]["properties"]["args"]["properties"]
+    assert final["evidence_times"]["maxItems"] == 2
+    assert final["evidence_times"]["items"]["maximum"] == 61.5
+    # the tools' own schemas are untouched (arguments are validated against those)
+    crop_spec = next(s for s in tool_specs if s["name"] == "crop_video")
+    assert crop_spec["parameters"]["properties"]["start_s"]["maximum"] == MAX_TIME_S
+    # no caps configured: only the time bound changes
+    loose = generation_schema(tool_specs, EpisodeConfig(), duration_s=61.5)
+    loose_final = next(b for b in loose["anyOf"] if b["properties"]["tool"]["enum"] == ["final_answer"])
+    assert loose_final["properties"]["args"]["properties"]["text"]["maxLength"] > 30
+
+
+async def test_control_characters_in_strings_are_tolerated(tmp_path, synth_video, skills):
+    reply = '{"thought":"a\x14b","tool":"final_answer","args":{"text":"hook\x0e","evidence_times":[]}}'
+    runtime = make_runtime(tmp_path, ScriptedBackend([reply]), ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path))
+    assert result.status == "answered" and result.answer.strip() == "hook"
+    assert Trace.load(result.trace_path).steps[0]["raw_output"] == reply      # raw kept verbatim

@@ -84,9 +84,9 @@ def test_instrument_colours_match_presence(synth_video, decoded):
         for name, (color, _) in INSTRUMENTS.items():
             pixels = int(_mask(frame, color).sum())
             if name in present:
-                assert pixels >= MIN_PIXELS * 5, (index, name, pixels)
+                assert pixels >= MIN_PIXELS, (index, name, pixels)
             else:
-                assert pixels < MIN_PIXELS, (index, name, pixels)
+                assert pixels <= 2, (index, name, pixels)
 
 
 def test_clips_and_sutures_drawn_match_counts(synth_video, decoded):
@@ -202,7 +202,7 @@ def test_counts_are_step_functions_of_the_events(synth_video):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"width": 321}, "even"), ({"height": 40}, "at least"), ({"minutes": 0.1}, "at least"),
+    ({"width": 321}, "even"), ({"height": 60}, "at least"), ({"minutes": 0.1}, "at least"),
     ({"fps": 0}, "fps"),
 ])
 def test_bad_parameters_raise_value_error(tmp_path, kwargs, match):
@@ -218,3 +218,24 @@ def test_same_seed_same_video(tmp_path):
     assert a.gt == b.gt
     assert a.path.read_bytes() == b.path.read_bytes()
     assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_fast_yuv_renderer_agrees_with_rgb_reference():
+    """The yuv420p canvas synthesize() encodes == RGB reference drawing + BT.601 conversion:
+    luma everywhere, chroma on every 2x2 block the reference paints in one colour."""
+    from medclaw.kernels.synth import _Renderer
+    from medclaw.kernels.synth_draw import RGBCanvas, rgb_to_yuv420
+
+    gt = make_ground_truth(0.5, seed=11, width=256, height=144, fps=25)
+    frames = sorted(_sample_frames(gt))[::3]
+    fast = _Renderer(gt, 11).frames(frames)
+    ref = _Renderer(gt, 11, canvas_type=RGBCanvas).frames(frames)
+    h, w = gt.height, gt.width
+    for index, a, b in zip(frames, fast, ref):
+        got, want = a.data, rgb_to_yuv420(b.rgb)
+        assert np.array_equal(got[:h * w], want[:h * w]), index
+        blocks = b.rgb.reshape(h // 2, 2, w // 2, 2, 3).astype(int)
+        uniform = (blocks.max(axis=(1, 3)) == blocks.min(axis=(1, 3))).all(-1).ravel()
+        for plane in (slice(h * w, h * w * 5 // 4), slice(h * w * 5 // 4, None)):
+            assert np.array_equal(got[plane][uniform], want[plane][uniform]), index
+        assert read_frame_index(b.rgb) == index

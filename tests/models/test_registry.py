@@ -95,6 +95,7 @@ models:
     assert (specs["judge"].max_model_len, specs["judge"].output_format) == (4096, "think_answer")
     assert specs["orchestrator"].path == str(tmp_path / "weights" / "orch")   # relative to the config
     assert specs["orchestrator"].tool_call_format == "hermes"
+    assert specs["orchestrator"].name == "orch"                          # named after its folder
     # a flag beats the config, an explicit profile beats the config's profile
     assert registry.load_models(config, overrides={"judge": "qwen2.5-vl-7b"})["judge"].name == "qwen2.5-vl-7b"
     assert registry.load_models(config, profile="tiny-cpu")["video_expert"].name == "tiny-vlm"

@@ -87,6 +87,9 @@ async def test_stage2_and_second_question_hit_the_prefix_cache(tools_vlm_engine,
     await registry.run(make_ctx(video, second, tools_vlm_engine), "view_full_video",
                        {"query": "is there any bleeding?"})
     again = second.results[0]
+    print(f"\nstage1 prompt {stage1.num_prompt_tokens} cached {stage1.num_cached_tokens}; "
+          f"stage2 prompt {stage2.num_prompt_tokens} cached {stage2.num_cached_tokens}; "
+          f"2nd question stage1 prompt {again.num_prompt_tokens} cached {again.num_cached_tokens}")
     # a new question on the same video: everything up to the query is reused (query ≈ 10 tokens)
     assert again.num_cached_tokens >= again.num_prompt_tokens - 2 * BLOCK, again
 

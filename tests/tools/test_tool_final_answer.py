@@ -7,7 +7,7 @@ async def test_final_answer_marks_final(bare_ctx):
                                        {"text": "  The clip applier. ", "evidence_times": [12.5, 30]})
     assert obs.error is None
     assert obs.data == {"is_final": True, "answer": "The clip applier.", "evidence_times": [12.5, 30.0]}
-    assert "00:12.5" in obs.text and "00:30.0" in obs.text
+    assert "12.50 s" in obs.text and "30.00 s" in obs.text
     assert obs.frames == [] and obs.model_calls == []
 
 
@@ -19,7 +19,7 @@ async def test_final_answer_without_evidence(bare_ctx):
 async def test_final_answer_rejects_evidence_past_the_end(bare_ctx):
     obs = await default_registry().run(bare_ctx, "final_answer",
                                        {"text": "x", "evidence_times": [10, 61]})
-    assert obs.error is not None and "61s" in obs.error and "60.0s" in obs.error
+    assert obs.error is not None and "61 s" in obs.error and "60.0 s" in obs.error
     assert not obs.data.get("is_final")
 
 

@@ -109,7 +109,7 @@ async def test_view_full_video_two_stages(make_ctx, video):
     assert obs.data["refined_window"] == [22.0, 26.5] and obs.data["window_source"] == "refined"
     assert [e["text"] for e in obs.data["timeline"]][:2] == [
         "preparation of the field", "dissection of the hepatocystic triangle"]
-    assert "Refined window: [00:22.0-00:26.5]" in obs.text and "clip applier" in obs.text
+    assert "Refined window: [22.0-26.5 s]" in obs.text and "clip applier" in obs.text
     # whole video at low resolution, the window at higher resolution, all frames in range
     assert window.frames.shape[1] * window.frames.shape[2] > whole.frames.shape[1] * whole.frames.shape[2]
     assert whole.frame_indices[0] == 0 and whole.frame_indices[-1] >= video.num_frames - 26
@@ -173,6 +173,9 @@ async def test_stage1_garbage_is_an_error_observation(make_ctx):
     obs = await default_registry().run(ctx, "view_full_video", {"query": "clip"})
     assert obs.error is not None and "neither a timeline nor a window" in obs.error
     assert "zzzz qqq" in obs.error
+    # the look still happened: its frames and the sub-agent call stay in the trace
+    assert len(obs.model_calls) == 1 and obs.frames and ctx.visual_tokens_used > 0
+    assert_frames_match(obs, ctx.backends["video_expert"].requests)
 
 
 async def test_candidate_outside_video_is_clamped(make_ctx, video):
@@ -236,7 +239,7 @@ async def test_crop_video_timeline_in_video_time(make_ctx):
     # the clip reaches the model as its own video (starts at 0): clip times shifted to video time
     assert obs.data["time_basis"] == "clip"
     assert [(e["start_s"], e["end_s"]) for e in obs.data["timeline"]] == [(30.0, 32.0), (32.0, 34.5)]
-    assert "[00:30.0-00:32.0] clip applier enters" in obs.text and "no bleeding" in obs.text
+    assert "[30.0-32.0 s] clip applier enters" in obs.text and "no bleeding" in obs.text
     request = ctx.backends["video_expert"].requests[0]
     assert request.messages[1]["content"][-1]["text"].endswith("Query: clips")
     assert all(30.0 <= ref.timestamp_s <= 36.0 for ref in obs.frames)
@@ -273,6 +276,7 @@ async def test_crop_video_empty_reply_is_error(make_ctx):
     ctx = make_ctx(["<think>hmm</think>"])
     obs = await default_registry().run(ctx, "crop_video", {"start_s": 1, "end_s": 5, "query": "x"})
     assert obs.error is not None and "empty description" in obs.error
+    assert obs.error.startswith("crop_video: ") and len(obs.model_calls) == 1 and obs.frames
 
 
 # --- select_video_frame / crop_video_frame -----------------------------------------------------
@@ -375,3 +379,11 @@ async def test_frame_tools_budget(make_ctx):
     obs = await default_registry().run(ctx, "select_video_frame", {"time_s": 5.0, "query": "x"})
     assert obs.error is not None and "visual budget is spent" in obs.error
     assert ctx.visual_tokens_used == 0
+
+
+async def test_frame_verifier_empty_reply_keeps_the_evidence(make_ctx):
+    ctx = make_ctx(frame_script=["<think>only thinking</think>   "])
+    obs = await default_registry().run(ctx, "select_video_frame", {"time_s": 5.0, "query": "x"})
+    assert obs.error is not None and obs.error.startswith("select_video_frame: ")
+    assert "empty description" in obs.error
+    assert len(obs.model_calls) == 1 and len(obs.frames) == 1 and ctx.visual_tokens_used > 0

@@ -16,6 +16,7 @@ decode thread avoids paying frame-thread latency after every seek.
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -59,6 +60,8 @@ class DecodeJob:
 
     def corrupt(self, index: int, why) -> CorruptVideoError:
         reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+        # torchcodec prefixes "function, /path/File.cpp:123, ": noise for the reader.
+        reason = re.sub(r"^\w+, \S+\.cpp:\d+, ", "", reason)
         return CorruptVideoError(f"{self.path}: decoding failed at frame {index} "
                                  f"({index / self.fps:.2f} s): {reason[:200]}")
 

@@ -24,7 +24,8 @@ class DecordDecoder(Decoder):
         except Exception as err:
             raise job.corrupt(job.indices[0], err) from err
         if job.indices[-1] >= len(reader):
-            raise job.corrupt(job.indices[-1], f"the file holds only {len(reader)} frames")
+            first_missing = next(i for i in job.indices if i >= len(reader))
+            raise job.corrupt(first_missing, f"the file holds only {len(reader)} frames")
         for start, chunk in job.chunks():
             job.check_cancelled()
             try:

@@ -53,7 +53,8 @@ class PyAVDecoder(Decoder):
             except Exception as err:
                 raise job.corrupt(job.indices[0], err) from err
             if job.indices[-1] >= len(pts_list):
-                raise job.corrupt(job.indices[-1], f"the file holds only {len(pts_list)} frames")
+                first_missing = next(i for i in job.indices if i >= len(pts_list))
+                raise job.corrupt(first_missing, f"the file holds only {len(pts_list)} frames")
             gop = max(1, len(pts_list) // max(len(keyframes), 1))
             dense = is_dense(job.indices, gop)
             stream.thread_type = "AUTO" if dense else "SLICE"

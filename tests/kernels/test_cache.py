@@ -1,0 +1,75 @@
+"""Frame cache: LRU order, byte budget, hit/miss counts, thread safety."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from medclaw.kernels.cache import FrameCache, FrameKey
+
+
+def _key(i, w=4, h=4, crop=None):
+    return FrameKey("sha", i, w, h, crop)
+
+
+def _frame(value=0, h=4, w=4):
+    return np.full((h, w, 3), value, np.uint8)                # 48 bytes
+
+
+def test_hits_misses_and_lru_eviction():
+    cache = FrameCache(capacity_bytes=3 * 48)
+    for i in range(3):
+        cache.put(_key(i), _frame(i))
+    assert cache.get(_key(0))[0, 0, 0] == 0                   # 0 is now most recent
+    cache.put(_key(3), _frame(3))                             # evicts 1, the least recent
+    assert _key(1) not in cache and _key(0) in cache and _key(3) in cache
+    assert cache.get(_key(1)) is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.evictions, stats.frames) == (1, 1, 1, 3)
+    assert stats.bytes == 3 * 48 and stats.hit_rate == pytest.approx(0.5)
+
+
+def test_keys_distinguish_size_and_crop():
+    cache = FrameCache(1 << 20)
+    cache.put(_key(0), _frame(1))
+    assert cache.get(_key(0, w=8)) is None
+    assert cache.get(_key(0, crop=(0, 0, 2, 2))) is None
+    assert cache.get(_key(0)) is not None
+
+
+def test_oversized_frame_is_not_stored_and_replace_keeps_accounting():
+    cache = FrameCache(100)
+    cache.put(_key(0), _frame(0, 10, 10))                     # 300 bytes > capacity
+    assert len(cache) == 0
+    cache.put(_key(1), _frame(1))
+    cache.put(_key(1), _frame(2))
+    assert cache.stats().bytes == 48 and cache.get(_key(1))[0, 0, 0] == 2
+
+
+def test_negative_capacity_rejected():
+    with pytest.raises(ValueError):
+        FrameCache(-1)
+
+
+def test_concurrent_use_keeps_budget_and_counts():
+    cache = FrameCache(capacity_bytes=50 * 48)
+    per_thread = 400
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(per_thread):
+            i = int(rng.integers(0, 120))
+            if cache.get(_key(i)) is None:
+                cache.put(_key(i), _frame(i % 256))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = cache.stats()
+    assert stats.hits + stats.misses == 8 * per_thread
+    assert stats.bytes <= 50 * 48 and stats.frames == len(cache) <= 50
+    for key in list(cache._frames):
+        assert cache.get(key)[0, 0, 0] == key.frame_index % 256

@@ -1,0 +1,173 @@
+"""Decoders: exact frames (checked by the barcodes), agreement with each other, typed errors."""
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from medclaw.errors import ConfigError
+from medclaw.kernels.barcode import read_frame_indices
+from medclaw.kernels.decoders import (
+    AUTO_ORDER, DECODERS, available_decoders, make_decoder, resolve,
+)
+from medclaw.kernels.decoders.base import DecodeJob, is_dense
+from medclaw.kernels.errors import CorruptVideoError
+
+CPU_DECODERS = available_decoders("cpu")
+PATTERNS = {
+    "dense": tuple(range(0, 1500, 3)),
+    "sparse": (0, 7, 260, 261, 900, 1250, 1499),
+    "window": tuple(range(600, 700, 2)),
+    "last": (1499,),
+}
+
+
+def _job(path, indices, width=320, height=180, crop=None, rotation=0, chunk=32):
+    return DecodeJob(path=str(path), indices=tuple(indices), width=width, height=height, fps=25.0,
+                     crop_px=crop, rotation=rotation, chunk=chunk)
+
+
+def _decode(name, job):
+    return make_decoder(name, "cpu").decode(job).numpy()
+
+
+@pytest.fixture(scope="module")
+def broken_videos(synth_video, tmp_path_factory):
+    """(truncated, garbage-in-the-middle) copies of the synthetic video, index at the front."""
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("needs the ffmpeg binary")
+    root = tmp_path_factory.mktemp("broken")
+    faststart = root / "faststart.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(synth_video.path), "-c",
+                    "copy", "-movflags", "+faststart", str(faststart)], check=True)
+    data = faststart.read_bytes()
+    truncated = root / "truncated.mp4"
+    truncated.write_bytes(data[: len(data) // 2])
+    rng = random.Random(0)
+    garbled = bytearray(data)
+    for i in range(len(data) // 2, len(data) // 2 + 30_000):
+        garbled[i] = rng.randrange(256)
+    garbage = root / "garbage.mp4"
+    garbage.write_bytes(bytes(garbled))
+    return truncated, garbage
+
+
+def test_table_and_auto_choice():
+    assert "torchcodec" in CPU_DECODERS and "pyav" in CPU_DECODERS
+    assert resolve("auto", "cpu") == AUTO_ORDER["cpu"][0] == "torchcodec"
+    for name, spec in DECODERS.items():
+        assert ":" in spec.target and spec.devices
+    with pytest.raises(ConfigError, match="unknown decoder"):
+        resolve("nope", "cpu")
+    with pytest.raises(ConfigError, match="does not run on cpu"):
+        resolve("pynvc", "cpu")
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve("auto", "tpu")
+    if "decord" not in CPU_DECODERS:
+        with pytest.raises(ConfigError, match="not installed"):
+            resolve("decord", "cpu")
+
+
+def test_density_rule():
+    assert is_dense(range(0, 15000, 19), gop=250)
+    assert not is_dense(range(0, 15000, 234 * 2), gop=250)
+    assert not is_dense([5], gop=250)
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_exact_frames_at_native_size(synth_video, name, pattern):
+    indices = PATTERNS[pattern]
+    frames = _decode(name, _job(synth_video.path, indices))
+    assert frames.shape == (len(indices), 180, 320, 3) and frames.dtype == np.uint8
+    assert read_frame_indices(frames) == list(indices)
+
+
+@pytest.mark.parametrize("size", [(448, 252), (112, 56), (168, 140)])
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_exact_frames_after_resize(synth_video, name, size):
+    indices = PATTERNS["sparse"] + tuple(range(300, 340, 4))
+    frames = _decode(name, _job(synth_video.path, sorted(set(indices)), *size))
+    assert frames.shape == (len(set(indices)), size[1], size[0], 3)
+    assert read_frame_indices(frames) == sorted(set(indices))
+
+
+@pytest.mark.parametrize("size,crop,exact", [((320, 180), None, True), ((448, 252), None, True),
+                                             ((224, 112), (10, 20, 200, 150), True),
+                                             ((112, 56), None, False)])
+def test_decoders_agree(synth_video, size, crop, exact):
+    """Same ops path → identical pixels; FFmpeg-side downscales differ by interpolation only."""
+    indices = PATTERNS["sparse"] + tuple(range(601, 700, 7))
+    indices = tuple(sorted(set(indices)))
+    ref = _decode("torchcodec", _job(synth_video.path, indices, *size, crop=crop))
+    for name in CPU_DECODERS:
+        other = _decode(name, _job(synth_video.path, indices, *size, crop=crop))
+        diff = np.abs(other.astype(int) - ref.astype(int))
+        if exact:
+            assert diff.max() == 0, name
+        else:
+            assert diff.mean() < 3.0, name
+
+
+def test_chunking_does_not_change_output(synth_video):
+    indices = PATTERNS["window"]
+    a = _decode("torchcodec", _job(synth_video.path, indices, 448, 252, chunk=7))
+    b = _decode("torchcodec", _job(synth_video.path, indices, 448, 252, chunk=64))
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("rotation", [90, 270])
+def test_rotation_applied_like_torchcodec(synth_video, tmp_path, rotation):
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("needs the ffmpeg binary")
+    rotated = tmp_path / f"rot{rotation}.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(synth_video.path), "-t", "4",
+                    "-c", "copy", "-metadata:s:v:0", f"rotate={rotation}", str(rotated)],
+                   check=True)
+    from medclaw.kernels.probe import probe_video
+
+    info = probe_video(rotated)
+    assert info.rotation == rotation and (info.width, info.height) == (180, 320)
+    indices = (0, 30, 77)
+    frames = {name: _decode(name, _job(rotated, indices, 180, 320, rotation=rotation))
+              for name in CPU_DECODERS}
+    for name, got in frames.items():
+        assert got.shape == (3, 320, 180, 3)
+        assert np.array_equal(got, frames["torchcodec"]), name
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_truncated_and_corrupt_data_raise_with_frame_and_time(broken_videos, name):
+    truncated, garbage = broken_videos
+    for path in (truncated, garbage):
+        with pytest.raises(CorruptVideoError) as err:
+            _decode(name, _job(path, range(0, 1500, 10)))
+        message = str(err.value)
+        assert "\n" not in message and str(path) in message
+        assert "decoding failed at frame" in message and " s)" in message
+
+
+def test_not_a_video_raises_corrupt(tmp_path):
+    bogus = tmp_path / "bogus.mp4"
+    bogus.write_bytes(b"\x00" * 4096)
+    for name in CPU_DECODERS:
+        with pytest.raises(CorruptVideoError):
+            _decode(name, _job(bogus, [0]))
+
+
+@pytest.mark.gpu
+def test_nvdec_agrees_with_cpu(synth_video):
+    """NVDEC (torchcodec device='cuda', and PyNvVideoCodec if installed) returns the same frames."""
+    indices = PATTERNS["sparse"] + tuple(range(601, 700, 7))
+    indices = tuple(sorted(set(indices)))
+    cpu = _decode("torchcodec", _job(synth_video.path, indices, 448, 252))
+    for name in available_decoders("cuda"):
+        gpu = make_decoder(name, "cuda").decode(_job(synth_video.path, indices, 448, 252))
+        assert gpu.is_cuda
+        gpu = gpu.cpu().numpy()
+        assert read_frame_indices(gpu) == list(indices), name
+        # NVDEC's YUV->RGB conversion differs from swscale's by rounding only.
+        assert np.abs(gpu.astype(int) - cpu.astype(int)).mean() < 3.0, name

@@ -1,0 +1,197 @@
+"""probe_video: real figures for good videos, typed one-line errors for broken ones (made here)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from medclaw.errors import MedClawError
+from medclaw.kernels.errors import (
+    CorruptVideoError, FrameTooLargeError, NotAFileError, NotAVideoError, UnreadableVideoError,
+    VideoError, ZeroDurationError,
+)
+from medclaw.kernels.probe import file_sha256, probe_video
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Each test gets its own MEDCLAW_HOME, so the on-disk sha cache is isolated."""
+    monkeypatch.setenv("MEDCLAW_HOME", str(tmp_path / "home"))
+
+
+def _ffmpeg(*args):
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-y", *map(str, args)], check=True)
+
+
+def _raises_one_line(error_type, path, **kwargs) -> str:
+    with pytest.raises(error_type) as info:
+        probe_video(path, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and message.strip() == message and len(message) < 300
+    assert os.path.basename(str(path)) in message
+    assert isinstance(info.value, VideoError) and isinstance(info.value, MedClawError)
+    return message
+
+
+def test_probe_matches_the_synthesis_parameters(synth_video):
+    info = probe_video(synth_video.path)
+    gt = synth_video.gt
+    assert info.num_frames == gt.num_frames == 1500
+    assert info.fps == pytest.approx(25.0)
+    assert info.duration_s == pytest.approx(60.0)
+    assert (info.width, info.height) == (gt.width, gt.height) == (320, 180)
+    assert info.codec == "h264" and info.rotation == 0 and not info.is_variable_fps
+    assert info.sha256 == hashlib.sha256(synth_video.path.read_bytes()).hexdigest()
+    assert info.to_dict()["num_frames"] == 1500
+
+
+def test_frame_count_does_not_depend_on_the_container_header(synth_video, tmp_path):
+    """Matroska stores no frame count: the probe counts the packets itself."""
+    mkv = tmp_path / "copy.mkv"
+    _ffmpeg("-i", synth_video.path, "-c", "copy", mkv)
+    info = probe_video(mkv)
+    assert info.num_frames == 1500 and info.duration_s == pytest.approx(60.0, abs=0.05)
+
+
+def test_rotation_from_display_matrix_swaps_display_size(synth_video, tmp_path):
+    rotated = tmp_path / "rotated.mp4"
+    _ffmpeg("-i", synth_video.path, "-c", "copy", "-metadata:s:v", "rotate=90", rotated)
+    info = probe_video(rotated)
+    assert info.rotation in (90, 270)
+    assert (info.width, info.height) == (180, 320)
+    assert info.num_frames == 1500
+
+
+def test_variable_frame_rate_is_detected(synth_video, tmp_path):
+    vfr = tmp_path / "vfr.mkv"
+    # Frame intervals grow with the frame number: not a constant rate.
+    _ffmpeg("-i", synth_video.path, "-frames:v", "60", "-vf", "setpts='(N+N*N/100)/25/TB'",
+            "-fps_mode", "vfr", "-c:v", "libx264", "-preset", "ultrafast", vfr)
+    info = probe_video(vfr)
+    assert info.is_variable_fps and info.num_frames == 60
+    assert info.fps == pytest.approx(60 / info.duration_s)
+
+
+def test_max_pixels(synth_video):
+    assert probe_video(synth_video.path, max_pixels=320 * 180).num_frames == 1500
+    message = _raises_one_line(FrameTooLargeError, synth_video.path, max_pixels=320 * 180 - 1)
+    assert "320x180" in message
+
+
+def test_sha256_cache_is_keyed_by_path_size_and_mtime(synth_video, tmp_path):
+    copy = tmp_path / "copy.mp4"
+    shutil.copyfile(synth_video.path, copy)
+    truth = hashlib.sha256(copy.read_bytes()).hexdigest()
+    assert file_sha256(copy) == truth
+    cache = tmp_path / "home" / "cache" / "sha256.json"
+    assert cache.is_file() and truth in cache.read_text()
+    # Same size and mtime, different bytes: the cache answers (proof it was used) …
+    stat = copy.stat()
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert file_sha256(copy) == truth
+    assert file_sha256(copy, use_cache=False) != truth
+    # … a new mtime invalidates it.
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert file_sha256(copy) == hashlib.sha256(bytes(data)).hexdigest()
+
+
+def test_sha256_cache_survives_a_new_process_via_disk(synth_video, tmp_path):
+    import medclaw.kernels.probe as probe
+
+    first = file_sha256(synth_video.path)
+    probe._SHA_CACHE.clear()                                  # as if a new process started
+    stat = synth_video.path.stat()
+    entry = f'"{os.path.realpath(synth_video.path)}"'
+    assert entry in (tmp_path / "home" / "cache" / "sha256.json").read_text()
+    assert file_sha256(synth_video.path) == first and synth_video.path.stat() == stat
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+def test_missing_file(tmp_path):
+    assert "no such file" in _raises_one_line(NotAFileError, tmp_path / "nope.mp4")
+
+
+def test_directory(tmp_path):
+    folder = tmp_path / "folder.mp4"
+    folder.mkdir()
+    assert "directory" in _raises_one_line(NotAFileError, folder)
+
+
+def test_empty_file(tmp_path):
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    assert "empty" in _raises_one_line(NotAVideoError, empty)
+
+
+def test_random_bytes(tmp_path):
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8).tobytes())
+    _raises_one_line(NotAVideoError, junk)
+
+
+def test_png_image(tmp_path):
+    from PIL import Image
+
+    png = tmp_path / "still.png"
+    Image.fromarray(np.zeros((48, 64, 3), np.uint8)).save(png)
+    assert "image" in _raises_one_line(NotAVideoError, png)
+
+
+def test_audio_only(tmp_path):
+    audio = tmp_path / "voice.m4a"
+    _ffmpeg("-f", "lavfi", "-i", "sine=d=1", "-c:a", "aac", audio)
+    assert "no video stream" in _raises_one_line(NotAVideoError, audio)
+
+
+def test_video_stream_without_frames(tmp_path):
+    avi = tmp_path / "noframes.avi"
+    _ffmpeg("-f", "lavfi", "-i", "testsrc=s=64x48:d=1", "-frames:v", "0", "-c:v", "mpeg4", avi)
+    assert "no frames" in _raises_one_line(ZeroDurationError, avi)
+
+
+def test_truncated_mp4_without_moov(synth_video, tmp_path):
+    """ffmpeg writes the index ('moov') last: cutting the file loses it. Say what and where."""
+    data = synth_video.path.read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) // 2])
+    message = _raises_one_line(CorruptVideoError, cut)
+    assert "truncated" in message and "moov" in message and f"{len(data) // 2:,}" in message
+
+
+def test_truncated_faststart_mp4(synth_video, tmp_path):
+    """Index first ('faststart'): the header survives but promises frames the file lacks."""
+    faststart = tmp_path / "fs.mp4"
+    _ffmpeg("-i", synth_video.path, "-c", "copy", "-movflags", "+faststart", faststart)
+    data = faststart.read_bytes()
+    cut = tmp_path / "fs_cut.mp4"
+    cut.write_bytes(data[: int(len(data) * 0.6)])
+    message = _raises_one_line(CorruptVideoError, cut)
+    assert "truncated" in message and "1500" in message
+
+
+def test_mp4_with_garbage_after_the_header(synth_video, tmp_path):
+    data = bytearray(synth_video.path.read_bytes())
+    data[40:4096] = np.random.default_rng(1).integers(0, 256, 4056, dtype=np.uint8).tobytes()
+    bad = tmp_path / "garbage.mp4"
+    bad.write_bytes(bytes(data))
+    _raises_one_line(CorruptVideoError, bad)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads anything")
+def test_unreadable_file(synth_video, tmp_path):
+    locked = tmp_path / "locked.mp4"
+    shutil.copyfile(synth_video.path, locked)
+    locked.chmod(0)
+    try:
+        _raises_one_line(UnreadableVideoError, locked)
+    finally:
+        locked.chmod(0o644)
