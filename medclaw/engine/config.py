@@ -21,6 +21,8 @@ class EpisodeConfig:
     max_wall_s: float = 900.0            # wall-clock seconds before a forced answer
     warn_at: float = 0.75                # fraction of any budget at which the model is warned
     max_consecutive_failures: int = 3    # malformed / failed tool calls in a row → forced answer
+    min_tool_steps: int = 0              # steps before final_answer is offered (evidence first;
+                                         # capped at max_steps - 1)
     orchestrator_max_tokens: int = 512
     orchestrator_temperature: float = 0.0
     forced_answer_max_tokens: int = 256
@@ -41,6 +43,8 @@ class EpisodeConfig:
         _check(_is_number(self.warn_at) and 0 < self.warn_at <= 1, "warn_at must be in (0, 1]")
         _check(isinstance(self.max_consecutive_failures, int) and self.max_consecutive_failures >= 1,
                "max_consecutive_failures must be an integer >= 1")
+        _check(isinstance(self.min_tool_steps, int) and self.min_tool_steps >= 0,
+               "min_tool_steps must be an integer >= 0")
         _check(isinstance(self.orchestrator_max_tokens, int) and self.orchestrator_max_tokens >= 16,
                "orchestrator_max_tokens must be an integer >= 16")
         _check(isinstance(self.forced_answer_max_tokens, int) and self.forced_answer_max_tokens >= 16,
@@ -84,8 +88,12 @@ class EpisodeConfig:
 # tiny random-weight models need tight generation bounds or their JSON never closes (STACK.md).
 DEFAULT_PROFILE = "tiny-cpu"             # same default as medclaw.models.registry
 PROFILE_EPISODE_DEFAULTS: dict[str, dict] = {
+    # min_tool_steps: a random model picks final_answer at once otherwise, and the demo would show
+    # no tool, frame or cache at work; temperature 1 varies its choices instead of repeating one
+    # failing call until the failure limit (which calls it makes is noise either way).
     "tiny-cpu": dict(thought_max_chars=32, max_string_chars=32, max_array_items=2,
-                     orchestrator_max_tokens=768, forced_answer_max_tokens=512),
+                     orchestrator_max_tokens=768, forced_answer_max_tokens=512, min_tool_steps=2,
+                     orchestrator_temperature=1.0),
 }
 
 

@@ -130,7 +130,11 @@ class _Episode:
 
     async def _loop(self) -> str:
         orchestrator = await self.runtime.get_backend("orchestrator")
-        schema = self._generation_schema(self.tool_specs) if orchestrator.supports_json_schema else None
+        constrained = orchestrator.supports_json_schema
+        schema = self._generation_schema(self.tool_specs) if constrained else None
+        # Before `min_tool_steps` steps, final_answer is left out of the generation schema.
+        gather_specs = [s for s in self.tool_specs if s["name"] != FINAL_TOOL]
+        gather_schema = self._generation_schema(gather_specs) if constrained and gather_specs else schema
         failures = 0
         while True:
             reason = self.budget.exhausted()
@@ -138,7 +142,9 @@ class _Episode:
                 reason = f"{failures} failed tool calls in a row"
             if reason is not None:
                 return await self._forced_answer(orchestrator, reason)
-            step = await self._step(orchestrator, schema, self.tool_specs, kind="action")
+            early = len(self.steps) < min(self.config.min_tool_steps, self.config.max_steps - 1)
+            step = await self._step(orchestrator, gather_schema if early else schema, self.tool_specs,
+                                    kind="action", final_allowed=not early)
             if step.error is None and step.data.get("is_final"):
                 return "answered"
             failures = failures + 1 if step.error else 0
@@ -158,7 +164,8 @@ class _Episode:
     def _generation_schema(self, specs: list[dict]) -> dict:
         return generation_schema(specs, self.config, self.video.duration_s)
 
-    async def _step(self, orchestrator, schema, specs, *, kind, max_tokens=None) -> Step:
+    async def _step(self, orchestrator, schema, specs, *, kind, max_tokens=None,
+                    final_allowed=True) -> Step:
         """Think (one orchestrator call), act (parse + tool), record (trace line)."""
         from medclaw.engine.toolcall import ActionError, parse_action
 
@@ -180,6 +187,10 @@ class _Episode:
             action = retry if not isinstance(retry, ActionError) else action
         if isinstance(action, ActionError):
             step.error = action.message
+        elif action.tool == FINAL_TOOL and not final_allowed:
+            step.tool, step.args, step.thought = action.tool, action.args, action.thought
+            step.error = (f"{FINAL_TOOL} is not available yet: gather evidence with at least "
+                          f"{self.config.min_tool_steps} tool call(s) first")
         else:
             step.tool, step.args, step.thought = action.tool, action.args, action.thought
             started = time.monotonic()

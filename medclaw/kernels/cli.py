@@ -42,8 +42,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _synth(args) -> int:
+    import time
+
     from medclaw.kernels.synth import synthesize
 
+    started = time.perf_counter()
     try:
         video = synthesize(args.out, args.minutes, seed=args.seed, width=args.width,
                            height=args.height, fps=args.fps)
@@ -51,7 +54,8 @@ def _synth(args) -> int:
         raise ConfigError(str(err)) from None
     summary = {"video": str(video.path), "ground_truth": str(video.gt_path),
                "num_frames": video.num_frames, "fps": video.fps, "duration_s": video.duration_s,
-               "phases": [p["name"] for p in video.gt.phases], "num_qa": len(video.gt.qa)}
+               "phases": [p["name"] for p in video.gt.phases], "num_qa": len(video.gt.qa),
+               "elapsed_s": round(time.perf_counter() - started, 3)}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -11,7 +11,8 @@
 - `rotation` is the display-matrix angle FFmpeg reports (counter-clockwise degrees, what ffprobe
   prints), normalised to 0/90/180/270; `width`/`height` are the display size, i.e. swapped for
   90/270. Decoders return the coded (unrotated) frames.
-- The first frame is decoded once, to prove the stream is decodable and to read the rotation.
+- The first frame is decoded (from the first packets, during the same pass), to prove the stream
+  decodes and to read the rotation.
 - `sha256` is of the file's bytes, cached by (real path, size, mtime) in memory and in
   `$MEDCLAW_HOME/cache/sha256.json` (default `~/.cache/medclaw/cache/sha256.json`).
 
@@ -19,8 +20,9 @@ Errors (all `medclaw.kernels.errors.VideoError`, message = one line naming the f
     NotAFileError        missing path, directory, device …
     UnreadableVideoError no permission / I/O error
     NotAVideoError       empty file, not a media container, still image, no video stream
-    CorruptVideoError    truncated (missing MP4 'moov' index, fewer packets than indexed),
-                         undecodable first frame, demux error — with where it happened
+    CorruptVideoError    truncated (missing MP4 'moov' index, fewer packets than indexed, data
+                         ending before the declared duration), garbage MP4 boxes, undecodable
+                         first frame, demux error — with where it happened
     ZeroDurationError    no frames or zero duration
     FrameTooLargeError   width * height > max_pixels
 Bad input fails fast (tens of milliseconds); PyAV's I/O timeout guards against stalled reads.
@@ -77,8 +79,9 @@ def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True) 
         if max_pixels is not None and width * height > max_pixels:
             raise FrameTooLargeError(f"{p}: frames are {width}x{height} = {width * height:,} pixels, "
                                      f"over the limit of {max_pixels:,}; downscale the video first")
-        num_frames, duration_s, fps, is_vfr = _count_frames(p, container, stream)
-        rotation = _first_frame_rotation(p, container, stream)
+        first = _FirstFrame(stream)
+        num_frames, duration_s, fps, is_vfr = _count_frames(p, container, stream, first)
+        rotation = first.rotation(p)
         codec = stream.codec_context.name
     if rotation in (90, 270):
         width, height = height, width
@@ -168,8 +171,9 @@ def _video_stream(p: Path, container, head: bytes):
     return streams[0]
 
 
-def _count_frames(p: Path, container, stream) -> tuple[int, float, float, bool]:
-    """Demux (no decode) the stream's packets: real frame count, duration, fps, VFR flag."""
+def _count_frames(p: Path, container, stream, first: "_FirstFrame") -> tuple[int, float, float, bool]:
+    """Demux the stream's packets: real frame count, duration, fps, VFR flag. Only the first few
+    packets are decoded (by `first`); the rest are counted, not decoded."""
     import av
     import numpy as np
 
@@ -179,6 +183,7 @@ def _count_frames(p: Path, container, stream) -> tuple[int, float, float, bool]:
             if packet.size == 0 and packet.pts is None and packet.dts is None:
                 continue                              # the demuxer's end-of-stream flush packet
             count += 1
+            first.feed(packet)
             stamp = packet.pts if packet.pts is not None else packet.dts
             if stamp is not None:
                 pts.append(stamp)
@@ -200,7 +205,9 @@ def _count_frames(p: Path, container, stream) -> tuple[int, float, float, bool]:
         stamps = np.asarray(pts, dtype=np.int64)[order]                   # (N,) presentation order
         steps = np.diff(stamps)                                           # (N-1,)
         median = float(np.median(steps)) if len(steps) else 0.0
-        last = durations[order[-1]] or median
+        rate = float(stream.average_rate or stream.guessed_rate or 0)
+        # The last frame lasts its packet duration, else the typical step, else 1 / declared rate.
+        last = durations[order[-1]] or median or (1.0 / (rate * tb) if rate else 0.0)
         duration_s = float((stamps[-1] - stamps[0] + last) * tb)
         is_vfr = bool(len(steps) > 1 and
                       np.abs(steps - median).max() > max(1.5, 0.1 * median))
@@ -211,21 +218,62 @@ def _count_frames(p: Path, container, stream) -> tuple[int, float, float, bool]:
         is_vfr = False
     if duration_s <= 0:
         raise ZeroDurationError(f"{p}: the video stream has zero duration")
+    declared = _declared_duration_s(container, stream)
+    if declared and duration_s < declared - max(1.0, 0.02 * declared):
+        raise CorruptVideoError(f"{p}: truncated: the container declares {declared:.1f} s but the "
+                                f"video data ends at {duration_s:.1f} s ({count} frames)")
     return count, duration_s, count / duration_s, is_vfr
 
 
-def _first_frame_rotation(p: Path, container, stream) -> int:
-    """Decode the first frame (proves the stream decodes) and return its display rotation."""
-    import av
+def _declared_duration_s(container, stream) -> float | None:
+    """The stream's duration per the header; the container's only when it holds just this stream
+    (a longer audio track would otherwise look like missing video)."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration and len(container.streams) == 1:
+        return container.duration / 1_000_000          # AV_TIME_BASE
+    return None
 
-    try:
-        container.seek(0, stream=stream)
-        frame = next(container.decode(stream), None)
-    except av.error.FFmpegError as err:
-        raise CorruptVideoError(f"{p}: cannot decode the first frame ({err.strerror})") from None
-    if frame is None:
-        raise CorruptVideoError(f"{p}: no decodable frame in the video stream")
-    return int(round(frame.rotation or 0)) % 360
+
+class _FirstFrame:
+    """Decodes the stream's first frame from the packets the demux loop hands it (no seek, one
+    pass over the file): proves the stream decodes, and carries the display rotation."""
+
+    MAX_PACKETS = 64               # decoders with frame delay need a few packets before output
+
+    def __init__(self, stream):
+        self.codec = stream.codec_context
+        self.frame = None
+        self.error: str | None = None
+        self.fed = 0
+
+    def feed(self, packet) -> None:
+        import av
+
+        if self.frame is not None or self.fed >= self.MAX_PACKETS:
+            return
+        self.fed += 1
+        try:
+            frames = self.codec.decode(packet)
+        except av.error.FFmpegError as err:
+            self.error = err.strerror      # a broken leading packet may be followed by good ones
+            return
+        if frames:
+            self.frame = frames[0]
+
+    def rotation(self, p: Path) -> int:
+        import av
+
+        if self.frame is None:
+            try:
+                frames = self.codec.decode(None)                      # flush delayed frames
+                self.frame = frames[0] if frames else None
+            except av.error.FFmpegError as err:
+                self.error = err.strerror
+        if self.frame is None:
+            why = f" ({self.error})" if self.error else ""
+            raise CorruptVideoError(f"{p}: cannot decode the first frame{why}")
+        return int(round(self.frame.rotation or 0)) % 360
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 writes an H.264 (yuv420p, CRF 23, keyframe every 250 frames) video to `out_path` and its ground
 truth to `out_path.with_suffix(".json")` (schema: `synth_truth`). The video shows six phases, each
 with its own scene colour and texture; saturated instruments (each a distinct colour and shape,
-`synth_truth.INSTRUMENTS`) enter and leave at known frames; a vessel gets silver clips and is cut;
+`synth_truth.INSTRUMENTS`) enter and leave at known frames; a vessel gets titanium clips and is cut;
 a bleed appears and is sucked away; black sutures close an incision. Every frame carries its index
 as a barcode strip at the top (`barcode`), so decoders can be checked frame-exactly.
 
@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 from medclaw.kernels.errors import EncoderError
-from medclaw.kernels.synth_draw import SCENES, Mask, RGBCanvas, YUVCanvas, even, scene, sprite
+from medclaw.kernels.synth_draw import Mask, YUVCanvas, even, scene, sprite
 from medclaw.kernels.synth_truth import (
     BLOOD_COLOR, CLIP_COLOR, INSTRUMENTS, MAX_SUTURES, PHASES, SUTURE_COLOR, GroundTruth,
     make_ground_truth,
@@ -104,7 +104,8 @@ def _encode(frames, path: Path, width: int, height: int, fps: float, crf: int, g
     if progress_total:
         from tqdm import tqdm
 
-        bar = tqdm(total=progress_total, unit="frame", desc=f"synth {path.name}", file=sys.stderr)
+        name = path.name.replace(".partial", "")
+        bar = tqdm(total=progress_total, unit="frame", desc=f"synth {name}", file=sys.stderr)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         for canvas in frames:
@@ -114,6 +115,11 @@ def _encode(frames, path: Path, width: int, height: int, fps: float, crf: int, g
         proc.stdin.close()
     except BrokenPipeError:
         pass                           # ffmpeg died: its stderr says why, below
+    except BaseException:
+        proc.kill()                    # interrupted or a bug: leave no encoder or partial file
+        proc.wait()
+        path.unlink(missing_ok=True)
+        raise
     finally:
         if bar is not None:
             bar.close()
@@ -172,8 +178,9 @@ class _Renderer:
             if name in ("clipping", "cutting"):
                 img[self.vessel[0]:self.vessel[1], even(0.25 * w):even(0.75 * w)] = _VESSEL_COLOR
             if name in ("suturing", "closure"):
-                cut = max(2, even(0.012 * scene_h))
-                img[self.incision_y - cut:self.incision_y + cut, even(0.3 * w):even(0.7 * w)] = _INCISION_COLOR
+                half_h = max(2, even(0.012 * scene_h))
+                rows = slice(self.incision_y - half_h, self.incision_y + half_h)
+                img[rows, even(0.3 * w):even(0.7 * w)] = _INCISION_COLOR
             scenes[name] = img
         cut_img = scenes["cutting"].copy()          # after the cut: a gap in the vessel
         gap = max(2, even(0.0125 * w))

@@ -385,3 +385,19 @@ async def test_control_characters_in_strings_are_tolerated(tmp_path, synth_video
     result = await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path))
     assert result.status == "answered" and result.answer.strip() == "hook"
     assert Trace.load(result.trace_path).steps[0]["raw_output"] == reply      # raw kept verbatim
+
+
+async def test_min_tool_steps_withholds_final_answer(tmp_path, synth_video, skills):
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "x", "evidence_times": []}})
+    load = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
+    orchestrator = SchemaScripted([final, load, final])
+    runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime,
+                               config(tmp_path, min_tool_steps=2))
+    assert result.status == "answered" and result.steps == 3
+    first, second, third = (r.json_schema for r in orchestrator.requests)
+    offered = lambda schema: {b["properties"]["tool"]["enum"][0] for b in schema["anyOf"]}
+    assert "final_answer" not in offered(first) and "final_answer" not in offered(second)
+    assert "final_answer" in offered(third)
+    steps = Trace.load(result.trace_path).steps
+    assert "not available yet" in steps[0]["error"]

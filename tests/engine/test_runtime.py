@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from medclaw.engine.budget import Budget
-from medclaw.engine.config import EpisodeConfig, load_episode_config
+from medclaw.engine.config import PROFILE_EPISODE_DEFAULTS, EpisodeConfig, load_episode_config
 from medclaw.engine.runtime import Runtime
 from medclaw.errors import ConfigError
 from medclaw.models.spec import ModelSpec
@@ -132,7 +132,13 @@ def test_episode_section_of_yaml_then_flags(tmp_path):
     assert (config.max_steps, config.max_wall_s, config.trace_dir, config.concurrency) == \
         (5, 60.0, "traces", 3)
     assert load_episode_config(path, max_steps=2).max_steps == 2          # flag wins
-    assert load_episode_config(None).to_dict() == EpisodeConfig().to_dict()
+    # profile defaults: none for a real-model profile, tight generation bounds for tiny-cpu
+    assert load_episode_config(None, profile="qwen-7b").to_dict() == EpisodeConfig().to_dict()
+    tiny = load_episode_config(None)                                       # default profile
+    assert tiny.max_string_chars == PROFILE_EPISODE_DEFAULTS["tiny-cpu"]["max_string_chars"]
+    (tmp_path / "prof.yaml").write_text("profile: qwen-7b\nepisode: {max_steps: 3}\n")
+    assert load_episode_config(tmp_path / "prof.yaml").max_string_chars is None
+    assert load_episode_config(path, profile="tiny-cpu").max_steps == 5     # YAML beats profile
     (tmp_path / "bad.yaml").write_text("episode: [1, 2]\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_episode_config(tmp_path / "bad.yaml")

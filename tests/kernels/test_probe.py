@@ -20,7 +20,10 @@ from medclaw.kernels.probe import file_sha256, probe_video
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     """Each test gets its own MEDCLAW_HOME, so the on-disk sha cache is isolated."""
+    import medclaw.kernels.probe as probe
+
     monkeypatch.setenv("MEDCLAW_HOME", str(tmp_path / "home"))
+    probe._SHA_CACHE.clear()
 
 
 def _ffmpeg(*args):
@@ -76,6 +79,13 @@ def test_variable_frame_rate_is_detected(synth_video, tmp_path):
     assert info.fps == pytest.approx(60 / info.duration_s)
 
 
+def test_single_frame_video(synth_video, tmp_path):
+    one = tmp_path / "one.mkv"
+    _ffmpeg("-i", synth_video.path, "-frames:v", "1", "-c", "copy", one)
+    info = probe_video(one)
+    assert info.num_frames == 1 and info.duration_s == pytest.approx(0.04)
+
+
 def test_max_pixels(synth_video):
     assert probe_video(synth_video.path, max_pixels=320 * 180).num_frames == 1500
     message = _raises_one_line(FrameTooLargeError, synth_video.path, max_pixels=320 * 180 - 1)
@@ -103,14 +113,20 @@ def test_sha256_cache_is_keyed_by_path_size_and_mtime(synth_video, tmp_path):
 
 
 def test_sha256_cache_survives_a_new_process_via_disk(synth_video, tmp_path):
+    import json
+
     import medclaw.kernels.probe as probe
 
     first = file_sha256(synth_video.path)
+    cache = tmp_path / "home" / "cache" / "sha256.json"
+    data = json.loads(cache.read_text())
+    entry = data[os.path.realpath(synth_video.path)]
+    assert entry["sha256"] == first
+    entry["sha256"] = "f" * 64                                # tamper: proves the disk is read
+    cache.write_text(json.dumps(data))
     probe._SHA_CACHE.clear()                                  # as if a new process started
-    stat = synth_video.path.stat()
-    entry = f'"{os.path.realpath(synth_video.path)}"'
-    assert entry in (tmp_path / "home" / "cache" / "sha256.json").read_text()
-    assert file_sha256(synth_video.path) == first and synth_video.path.stat() == stat
+    assert file_sha256(synth_video.path) == "f" * 64
+    assert file_sha256(synth_video.path, use_cache=False) == first
 
 
 # ------------------------------------------------------------------------------- bad input
@@ -178,12 +194,40 @@ def test_truncated_faststart_mp4(synth_video, tmp_path):
     assert "truncated" in message and "1500" in message
 
 
+def test_truncated_matroska(synth_video, tmp_path):
+    """Matroska has no frame count; the declared duration gives the truncation away."""
+    mkv = tmp_path / "whole.mkv"
+    _ffmpeg("-i", synth_video.path, "-c", "copy", mkv)
+    data = mkv.read_bytes()
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(data[: len(data) // 2])
+    message = _raises_one_line(CorruptVideoError, cut)
+    assert "truncated" in message and "60.0 s" in message
+
+
 def test_mp4_with_garbage_after_the_header(synth_video, tmp_path):
     data = bytearray(synth_video.path.read_bytes())
     data[40:4096] = np.random.default_rng(1).integers(0, 256, 4056, dtype=np.uint8).tobytes()
     bad = tmp_path / "garbage.mp4"
     bad.write_bytes(bytes(data))
     _raises_one_line(CorruptVideoError, bad)
+
+
+def test_undecodable_frames(tmp_path):
+    """A sound container whose frames are garbage: the probe decodes the first one and says so."""
+    good = tmp_path / "mjpeg.mkv"
+    _ffmpeg("-f", "lavfi", "-i", "testsrc=s=64x48:d=1:r=10", "-c:v", "mjpeg", good)
+    assert probe_video(good).num_frames == 10
+    data = bytearray(good.read_bytes())
+    rng = np.random.default_rng(0)
+    start = data.find(b"\xff\xd8\xff")                      # each JPEG frame starts with SOI
+    assert start > 0
+    while start >= 0:
+        data[start:start + 300] = rng.integers(0, 256, 300, dtype=np.uint8).tobytes()
+        start = data.find(b"\xff\xd8\xff", start + 300)
+    bad = tmp_path / "mjpeg_bad.mkv"
+    bad.write_bytes(bytes(data))
+    assert "decode the first frame" in _raises_one_line(CorruptVideoError, bad)
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads anything")

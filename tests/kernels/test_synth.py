@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from medclaw.kernels.barcode import read_frame_index, strip_height
-from medclaw.kernels.synth import SCENES, synthesize
+from medclaw.kernels.synth import synthesize
+from medclaw.kernels.synth_draw import SCENES
 from medclaw.kernels.synth_truth import (
     BLOOD_COLOR, CLIP_COLOR, INSTRUMENTS, PHASES, SUTURE_COLOR, GroundTruth, make_ground_truth,
 )

@@ -102,6 +102,7 @@ class VLLMBackend(Backend):
         self.model_revision = revision_hash(spec.path)
         self._engine = None
         self._closed = False
+        self._per_request_seed = True
         self._tokenizer = _load_chat_tokenizer(spec.path)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
@@ -123,7 +124,12 @@ class VLLMBackend(Backend):
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = engine_kwargs(self.spec, on_cpu=current_platform.is_cpu())
+        on_cpu = current_platform.is_cpu()
+        # vLLM 0.32 CPU: a seeded request whose prefill gets chunked (many requests in flight)
+        # kills the engine ("CPU Generator does not use offset"). On CPU, sampling is seeded once
+        # per engine (`seed=0`) instead of per request.
+        self._per_request_seed = not on_cpu
+        kwargs = engine_kwargs(self.spec, on_cpu=on_cpu)
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(
             backend="xgrammar", disable_any_whitespace=True)
         try:
@@ -172,8 +178,9 @@ class VLLMBackend(Backend):
 
         structured = (StructuredOutputsParams(json=request.json_schema)
                       if request.json_schema is not None else None)
+        seed = request.seed if self._per_request_seed and request.temperature > 0 else None
         return SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
-                              seed=request.seed, structured_outputs=structured)
+                              seed=seed, structured_outputs=structured)
 
     async def _generate_one(self, request: GenRequest) -> GenResult:
         if self._closed or self._engine is None:

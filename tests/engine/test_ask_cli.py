@@ -1,0 +1,241 @@
+"""`medclaw ask`: inputs checked before engines, single and batch output shapes, and (engine-marked)
+real tiny vLLM engines finishing episodes with well-formed traces, shared by a concurrent batch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from medclaw import cli
+from medclaw.engine.backends.fake import ScriptedBackend
+from medclaw.engine.trace import Trace
+
+QUESTION = "Which instrument was brought in just before the vessel was cut?"
+FINAL = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "a grasper", "evidence_times": [1.0]}})
+LOAD = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
+
+
+@pytest.fixture
+def medclaw(monkeypatch):
+    """`medclaw …` with only the commands under test registered (others are built in parallel)."""
+    monkeypatch.setattr(cli, "COMMANDS", {k: cli.COMMANDS[k] for k in ("ask", "trace")})
+    return cli.main
+
+
+@pytest.fixture
+def no_engines(monkeypatch):
+    """Fail the test if anything tries to resolve models / start engines."""
+    import medclaw.engine.runtime as runtime_module
+
+    def refuse(**kwargs):
+        raise AssertionError("engines must not be set up before the inputs are checked")
+
+    monkeypatch.setattr(runtime_module, "open_runtime", refuse)
+
+
+def scripted_runtime(monkeypatch, orchestrator_script, tmp_path):
+    """Make `medclaw ask` run on scripted models (agent-logic fakes), everything else real."""
+    import medclaw.engine.runtime as runtime_module
+    from medclaw.engine.runtime import Runtime
+    from medclaw.models.spec import ModelSpec
+    from medclaw.skills.library import SkillLibrary
+
+    orchestrator = ScriptedBackend(orchestrator_script)
+    seen = {}
+
+    def fake_open_runtime(**kwargs):
+        seen.update(kwargs)
+        specs = {role: ModelSpec(name="scripted", path=str(tmp_path), backend="fake")
+                 for role in ("orchestrator", "video_expert", "frame_verifier")}
+        return Runtime(specs, skills=SkillLibrary(),
+                       backends={"orchestrator": orchestrator, "video_expert": ScriptedBackend([])})
+
+    monkeypatch.setattr(runtime_module, "open_runtime", fake_open_runtime)
+    return orchestrator, seen
+
+
+# --- input checks ---------------------------------------------------------------------------------
+
+def test_missing_video_fails_fast_with_one_line(medclaw, no_engines, tmp_path, capsys):
+    assert medclaw(["ask", str(tmp_path / "nope.mp4"), QUESTION]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("medclaw: error:") and "nope.mp4" in err and "\n" not in err
+
+
+def test_corrupt_video_fails_fast(medclaw, no_engines, tmp_path, synth_video, capsys):
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(synth_video.path.read_bytes()[:4000])           # truncated
+    assert medclaw(["ask", str(broken), QUESTION]) == 2
+    assert "broken.mp4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ask"], "usage"),
+    (["ask", "v.mp4"], "usage"),
+    (["ask", "v.mp4", "q", "--batch", "b.jsonl"], "not both"),
+    (["ask", "--batch", "missing.jsonl"], "batch file not found"),
+    (["ask", "v.mp4", "q", "--model", "orchestrator"], "ROLE=PATH"),
+    (["ask", "v.mp4", "q", "--max-steps", "0"], "max_steps"),
+])
+def test_bad_arguments_are_one_line_errors(medclaw, no_engines, argv, message, capsys, synth_video):
+    argv = [str(synth_video.path) if a == "v.mp4" else a for a in argv]
+    assert medclaw(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bad_model_override_role(medclaw, tmp_path, capsys, synth_video):
+    assert medclaw(["ask", str(synth_video.path), QUESTION, "--model", "painter=/x"]) == 2
+    assert "unknown role 'painter'" in capsys.readouterr().err
+
+
+def test_malformed_batch_lines_name_the_line(medclaw, no_engines, tmp_path, capsys):
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"video": "a.mp4", "question": "q"}\n{"video": "a.mp4"\n')
+    assert medclaw(["ask", "--batch", str(batch)]) == 2
+    assert "b.jsonl:2" in capsys.readouterr().err
+    batch.write_text('{"video": "a.mp4"}\n')
+    assert medclaw(["ask", "--batch", str(batch)]) == 2
+    assert "b.jsonl:1" in capsys.readouterr().err
+    batch.write_text("\n")
+    assert medclaw(["ask", "--batch", str(batch)]) == 2
+    assert "no questions" in capsys.readouterr().err
+
+
+# --- output shapes (scripted models) ---------------------------------------------------------------
+
+def test_single_json_output(medclaw, monkeypatch, tmp_path, synth_video, capsys):
+    # tiny-cpu withholds final_answer for min_tool_steps (2) steps
+    orchestrator, seen = scripted_runtime(monkeypatch, [LOAD, LOAD, FINAL], tmp_path)
+    rc = medclaw(["ask", str(synth_video.path), QUESTION, "--json", "--profile", "tiny-cpu",
+                  "--trace-dir", str(tmp_path / "traces"), "--max-steps", "4",
+                  "--model", "judge=/models/j"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"answer", "status", "steps", "trace"}
+    assert out["answer"] == "a grasper" and out["status"] == "answered" and out["steps"] == 3
+    trace = Trace.load(out["trace"])
+    assert trace.header["config"]["max_steps"] == 4
+    assert seen["profile"] == "tiny-cpu" and seen["overrides"] == {"judge": "/models/j"}
+
+
+def test_batch_prints_one_line_per_item_and_isolates_bad_videos(medclaw, monkeypatch, tmp_path,
+                                                               synth_video, capsys):
+    scripted_runtime(monkeypatch, lambda request: FINAL, tmp_path)
+    (tmp_path / "medclaw.yaml").write_text("profile: qwen-7b\n")           # no min_tool_steps
+    batch = tmp_path / "b.jsonl"
+    rows = [{"video": str(synth_video.path), "question": QUESTION, "id": "a"},
+            {"video": str(tmp_path / "gone.mp4"), "question": QUESTION, "id": "b"},
+            {"video": str(synth_video.path), "question": "What phase is at 30 s?"}]
+    batch.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rc = medclaw(["ask", "--batch", str(batch), "--trace-dir", str(tmp_path / "traces"),
+                  "--config", str(tmp_path / "medclaw.yaml")])
+    assert rc == 1                                       # one item failed
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_id = {line["id"]: line for line in lines}
+    assert set(by_id) == {"a", "b", "line3"}
+    assert by_id["b"]["status"].startswith("failed:") and "gone.mp4" in by_id["b"]["status"]
+    assert by_id["a"]["status"] == by_id["line3"]["status"] == "answered"
+    assert by_id["line3"]["question"] == "What phase is at 30 s?"
+
+
+# --- real tiny engines ----------------------------------------------------------------------------
+
+def _runtime_on_session_engines(llm_engine, vlm_engine, **kwargs):
+    """The tiny-cpu profile's specs, KB and skills (real resolution and checks), served by the
+    session's engines so that no test starts an engine of its own."""
+    from medclaw.engine.runtime import Runtime, open_runtime
+
+    resolved = open_runtime(profile="tiny-cpu", **kwargs)
+    backends = {"orchestrator": llm_engine, "judge": llm_engine,
+                "video_expert": vlm_engine, "frame_verifier": vlm_engine}
+    return Runtime(resolved.specs, backends=backends, knowledge_base=resolved.knowledge_base,
+                   skills=resolved.skills)
+
+
+def _check_well_formed(trace: Trace, max_steps: int, sha256: str) -> None:
+    assert trace.header["video"]["sha256"] == sha256
+    assert trace.footer is not None
+    status = trace.footer["status"]
+    assert status in ("answered", "forced_answer") or status.startswith("failed: no usable answer")
+    assert 1 <= len(trace.steps) <= max_steps + 1
+    for step in trace.steps:
+        call = step["orchestrator_call"]
+        assert call["model_name"] == "tiny-llm" and call["num_prompt_tokens"] > 0
+        assert call["model_revision"]
+        for sub in step["model_calls"]:
+            assert sub["model_name"] == "tiny-vlm" and sub["num_prompt_tokens"] > 0
+        for frame in step["frames"]:
+            assert frame["video_sha256"] == sha256
+    if status != "answered" and status != "forced_answer":
+        assert trace.footer["answer"] is None
+    else:
+        assert trace.footer["answer"]
+    # KV rule 1: the stable system prompt is served from the prefix cache from the 2nd call on
+    if len(trace.steps) >= 2:
+        first = trace.steps[0]["orchestrator_call"]["num_prompt_tokens"]
+        assert trace.steps[1]["orchestrator_call"]["num_cached_tokens"] >= first // 2
+
+
+@pytest.mark.engine
+def test_ask_on_tiny_engines_finishes_within_budget(medclaw, monkeypatch, tmp_path, synth_video,
+                                                    llm_engine, vlm_engine, capsys):
+    import medclaw.engine.runtime as runtime_module
+
+    runtime = _runtime_on_session_engines(llm_engine, vlm_engine)
+    monkeypatch.setattr(runtime_module, "open_runtime", lambda **kwargs: runtime)
+    rc = medclaw(["ask", str(synth_video.path), QUESTION, "--json", "--max-steps", "4",
+                  "--trace-dir", str(tmp_path / "traces")])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == (1 if out["status"].startswith("failed") else 0)
+    trace = Trace.load(out["trace"])
+    from medclaw.kernels.probe import probe_video
+
+    _check_well_formed(trace, 4, probe_video(synth_video.path).sha256)
+    assert out["steps"] == len(trace.steps)
+
+
+@pytest.mark.engine
+async def test_batch_of_eight_shares_the_engines(tmp_path, synth_video, llm_engine, vlm_engine):
+    from medclaw.engine.config import load_episode_config
+    from medclaw.engine.episode import BatchItem, run_batch
+    from medclaw.kernels.probe import probe_video
+
+    class InFlight:
+        """Forwards to the real engine, counting requests in flight (no model logic faked)."""
+
+        def __init__(self, engine):
+            self.engine, self.now, self.peak = engine, 0, 0
+            self.supports_json_schema = engine.supports_json_schema
+            self.supports_media = engine.supports_media
+
+        async def generate(self, requests):
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            try:
+                return await self.engine.generate(requests)
+            finally:
+                self.now -= 1
+
+        async def generate_one(self, request):
+            return (await self.generate([request]))[0]
+
+        async def close(self):
+            pass
+
+    llm, vlm = InFlight(llm_engine), InFlight(vlm_engine)
+    runtime = _runtime_on_session_engines(llm, vlm)
+    config = load_episode_config(None, profile="tiny-cpu", max_steps=3, concurrency=8,
+                                 trace_dir=str(tmp_path / "traces"))
+    questions = [QUESTION, "How many clips were placed?", "What phase is shown at 20 s?",
+                 "Which instrument appeared just before the first suture?"]
+    items = [BatchItem(video=str(synth_video.path), question=questions[i % 4], id=f"e{i}")
+             for i in range(8)]
+    results = await run_batch(items, runtime, config)
+    sha = probe_video(synth_video.path).sha256
+    assert len(results) == 8
+    for result in results:
+        _check_well_formed(Trace.load(result.trace_path), 3, sha)
+    assert set(map(id, runtime.live_backends().values())) <= {id(llm), id(vlm)}
+    assert llm.peak >= 2, "episodes did not overlap on the shared orchestrator engine"
+    await runtime.close()
