@@ -90,12 +90,15 @@ class FrameSource:
             decoded = None
             if missing:
                 decoded = self._decode(info, missing, width, height, crop_px, deadline)
+                if self.cache.capacity_bytes:
+                    # One copy of the batch for the cache (the batch itself may go to the
+                    # caller); the cache holds per-frame views into it.
+                    stored = decoded.clone()                              # (M, H, W, 3)
+                    stored = stored if stored.is_cuda else stored.numpy()
+                    self.cache.put_batch([keys[i] for i in missing], list(stored),
+                                         stored.nbytes)
                 for slot, index in enumerate(missing):
-                    frame = decoded[slot]                                 # (H, W, 3) view
-                    if self.cache.capacity_bytes:
-                        frame = frame.clone()         # own storage: the batch may go to a caller
-                        self.cache.put(keys[index], frame if frame.is_cuda else frame.numpy())
-                    frames[index] = frame
+                    frames[index] = decoded[slot]                         # (H, W, 3) view
         finally:
             lock.release()
         if missing and missing == indices:
