@@ -130,7 +130,9 @@ async def constrained_tool_calls(llm, tool_specs: list[dict], n: int = 100) -> d
                 for i in range(n)]
     results = await llm.generate(requests)
     actions = [parse_action(r.text, tool_specs) for r in results]
-    failures = [(a.message, r.text[:200]) for a, r in zip(actions, results) if not isinstance(a, Action)]
+    failures = [{"error": a.message, "finish_reason": r.finish_reason,
+                 "completion_tokens": r.num_completion_tokens, "text_tail": r.text[-120:]}
+                for a, r in zip(actions, results) if not isinstance(a, Action)]
     tools_used = sorted({a.tool for a in actions if isinstance(a, Action)})
     return {"parsed": n - len(failures), "n": n, "tools_used": tools_used,
             "failures": failures[:5],

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 from medclaw.engine.config import EpisodeConfig
 
 
+# Room kept beyond a full reply: the forced-answer turn and chat-template tokens around it, so that
+# the forced call still fits when the context check fires.
+CONTEXT_MARGIN_TOKENS = 256
+
+
 @dataclass(slots=True)
 class Budget:
     config: EpisodeConfig
@@ -59,8 +64,8 @@ class Budget:
         for name, fraction in self.fractions().items():
             if fraction >= 1.0:
                 return f"{name.replace('_', ' ')} budget spent"
-        if self.max_context_tokens and \
-                self.context_tokens + self.reply_tokens > self.max_context_tokens:
+        if self.max_context_tokens and self.context_tokens + self.reply_tokens \
+                + CONTEXT_MARGIN_TOKENS > self.max_context_tokens:
             return "context window nearly full"
         return None
 

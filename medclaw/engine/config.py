@@ -26,6 +26,7 @@ class EpisodeConfig:
     orchestrator_max_tokens: int = 512
     orchestrator_temperature: float = 0.0
     forced_answer_max_tokens: int = 256
+    forced_answer_grace_s: float = 120.0  # the forced-answer call may run this long past max_wall_s
     trace_dir: str = "artifacts/traces"
     concurrency: int = 8                 # episodes in flight at once in a batch
     # Bounds of the *generation* schema only (arguments are still validated against each tool's
@@ -40,6 +41,8 @@ class EpisodeConfig:
         _check(isinstance(self.visual_token_budget, int) and self.visual_token_budget >= 1,
                "visual_token_budget must be an integer >= 1")
         _check(_is_number(self.max_wall_s) and self.max_wall_s > 0, "max_wall_s must be > 0")
+        _check(_is_number(self.forced_answer_grace_s) and self.forced_answer_grace_s > 0,
+               "forced_answer_grace_s must be > 0")
         _check(_is_number(self.warn_at) and 0 < self.warn_at <= 1, "warn_at must be in (0, 1]")
         _check(isinstance(self.max_consecutive_failures, int) and self.max_consecutive_failures >= 1,
                "max_consecutive_failures must be an integer >= 1")
@@ -72,7 +75,7 @@ class EpisodeConfig:
         if unknown:
             raise ConfigError(f"episode config: unknown key(s) {unknown}; known: {sorted(known)}")
         # YAML gives ints for "600"; accept ints where floats are expected.
-        for name in ("max_wall_s", "warn_at", "orchestrator_temperature"):
+        for name in ("max_wall_s", "warn_at", "orchestrator_temperature", "forced_answer_grace_s"):
             if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
                 data[name] = float(data[name])
         return cls(**data)

@@ -8,19 +8,23 @@ action, run the tool), *record* (append the observation as the next user turn, w
 step). It ends in exactly one of:
 
 - `answered`       the orchestrator called final_answer;
-- `forced_answer`  a budget (steps, visual tokens, wall time) was spent, or the model failed N
-                   calls in a row: one last orchestrator call constrained to final_answer;
+- `forced_answer`  a budget (steps, visual tokens, wall time, the orchestrator's context window)
+                   was spent, or the model failed N calls in a row: one last orchestrator call
+                   constrained to final_answer (it gets `forced_answer_grace_s`);
 - `failed: <why>`  no answer could be obtained (the forced call was unusable), or our code raised
                    — then the trace is saved with that status and the exception propagates.
 
-Model mistakes (malformed JSON, unknown tool, bad arguments, a tool's `Observation.error`) are
-appended as error observations and the loop continues. The video is probed first (off the event
-loop), so a bad path fails in seconds, before any engine is asked for.
+Model mistakes (malformed JSON, unknown tool, bad arguments, a tool's `Observation.error`,
+final_answer before `min_tool_steps`) are appended as error observations and the loop continues.
+Every orchestrator call and tool run is bounded by the wall time left, so a stuck engine or
+decoder is cancelled instead of hanging the episode. The generation schema is the tools' action
+schema tightened per episode (`generation_schema`: times ≤ the video's duration, optional string /
+array caps). The video is probed first (off the event loop), so a bad path fails in seconds,
+before any engine is asked for. `run_batch` runs many episodes concurrently on shared engines.
 """
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import traceback
 import uuid
@@ -149,6 +153,8 @@ class _Episode:
                 return "answered"
             failures = failures + 1 if step.error else 0
             turn = format_observation(step.index, step.tool, _obs_of(step), self.budget.warning())
+            if step.orchestrator_call is None:       # cancelled: no reply to attach the turn to
+                continue
             self.conversation.add_user(turn)
             self.budget.context_tokens = _next_prompt_tokens(step.orchestrator_call, turn)
 
@@ -170,37 +176,64 @@ class _Episode:
         from medclaw.engine.toolcall import ActionError, parse_action
 
         step = Step(index=len(self.steps) + 1, kind=kind, started_at_s=self.budget.elapsed_s)
+        grace = kind == "forced_answer"
         request = self.conversation.to_request(
             max_tokens=max_tokens or self.config.orchestrator_max_tokens,
             temperature=self.config.orchestrator_temperature, json_schema=schema,
             request_id=f"{self.episode_id}-s{step.index}")
-        result = await orchestrator.generate_one(request)
         self.budget.steps_used += 1
+        try:
+            result = await self._bounded(orchestrator.generate_one(request), grace)
+        except _WallTimeout:
+            step.error = "the orchestrator call ran past the wall-time budget and was cancelled"
+            return self._record(step)
         self.conversation.add_assistant(result.text)
         step.orchestrator_call, step.raw_output = result, result.text
 
-        action = parse_action(result.text, specs)
-        if isinstance(action, ActionError) and _CONTROL.search(result.text):
-            # Raw control characters inside JSON strings are invalid JSON, but constrained decoding
-            # of weak models emits them; read the call with them blanked (the trace keeps the raw).
-            retry = parse_action(_CONTROL.sub(" ", result.text), specs)
-            action = retry if not isinstance(retry, ActionError) else action
+        action = parse_action(result.text, specs)     # tolerant; never raises on model output
         if isinstance(action, ActionError):
             step.error = action.message
-        elif action.tool == FINAL_TOOL and not final_allowed:
-            step.tool, step.args, step.thought = action.tool, action.args, action.thought
+            return self._record(step)
+        step.tool, step.args, step.thought = action.tool, action.args, action.thought
+        if action.tool == FINAL_TOOL and not final_allowed:
             step.error = (f"{FINAL_TOOL} is not available yet: gather evidence with at least "
                           f"{self.config.min_tool_steps} tool call(s) first")
-        else:
-            step.tool, step.args, step.thought = action.tool, action.args, action.thought
-            started = time.monotonic()
-            obs = await self.registry.run(self.ctx, action.tool, action.args)
+            return self._record(step)
+        started = time.monotonic()
+        try:
+            obs = await self._bounded(self.registry.run(self.ctx, action.tool, action.args), grace)
+        except _WallTimeout:
+            obs = Observation(text="", error=f"{action.tool} ran past the wall-time budget and was cancelled")
+        except BaseException as err:
+            # A bug in a tool: keep the call that led to it in the trace, then let it propagate.
+            step.error = f"internal error in {action.tool}: {type(err).__name__}: {_one_line(err)}"
             step.tool_latency_s = time.monotonic() - started
-            step.observation, step.error = obs.text, obs.error
-            step.frames, step.model_calls, step.data = list(obs.frames), list(obs.model_calls), dict(obs.data)
-            if obs.error is None and obs.data.get("is_final"):
-                self.answer = obs.data.get("answer", obs.text)
-                self.evidence_times = list(obs.data.get("evidence_times") or [])
+            self._record(step)
+            raise
+        step.tool_latency_s = time.monotonic() - started
+        step.observation, step.error = obs.text, obs.error
+        step.frames, step.model_calls, step.data = list(obs.frames), list(obs.model_calls), dict(obs.data)
+        if obs.error is None and obs.data.get("is_final"):
+            self.answer = obs.data.get("answer", obs.text)
+            self.evidence_times = list(obs.data.get("evidence_times") or [])
+        return self._record(step)
+
+    async def _bounded(self, awaitable, grace: bool):
+        """Await within the wall-time budget left (the forced answer gets its own grace period),
+        so that a stuck engine or decoder can never hang the episode."""
+        if grace:
+            limit = self.config.forced_answer_grace_s
+        else:
+            limit = max(0.0, self.config.max_wall_s - self.budget.elapsed_s)
+        try:
+            async with asyncio.timeout(limit) as scope:
+                return await awaitable
+        except TimeoutError:
+            if scope.expired():
+                raise _WallTimeout() from None
+            raise
+
+    def _record(self, step: Step) -> Step:
         step.budget = self.budget.to_dict()
         self.steps.append(step)
         self.writer.step(step)
@@ -221,9 +254,6 @@ class _Episode:
         if error:
             fields["error"] = error
         self.writer.footer(**fields)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def generation_schema(tool_specs: list[dict], config: EpisodeConfig, duration_s: float) -> dict:
@@ -266,10 +296,16 @@ def generation_schema(tool_specs: list[dict], config: EpisodeConfig, duration_s:
     return schema
 
 
+class _WallTimeout(Exception):
+    """Our own wall-time limit expired (not a TimeoutError raised by the awaited code)."""
+
+
 def _next_prompt_tokens(call, turn: str) -> int:
-    """The next orchestrator prompt's size: this prompt + this reply + the new turn (estimated at
-    2 characters per token — conservative for real tokenizers, about right for the tiny BPE)."""
-    return call.num_prompt_tokens + call.num_completion_tokens + len(turn) // 2 + 16
+    """An upper bound on the next orchestrator prompt: this prompt and reply (exact counts from
+    the engine) + the new turn at one token per UTF-8 byte — the worst case of a byte-level BPE
+    (Qwen's tokenizers), reached by the garbage text of random-weight models. Only the newest turn
+    is estimated, so the slack never accumulates."""
+    return call.num_prompt_tokens + call.num_completion_tokens + len(turn.encode("utf-8")) + 16
 
 
 def _obs_of(step: Step) -> Observation:

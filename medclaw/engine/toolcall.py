@@ -120,19 +120,45 @@ def describe_tools(tool_specs: list[dict]) -> str:
 
 # ----------------------------------------------------------------------------------------- parse
 
+_DECODER = json.JSONDecoder(strict=False)
+# strict=False: raw control characters inside strings (which xgrammar's JSON grammar lets a model
+# emit) are accepted rather than failing the whole call.
+
+
+def _object_at(text: str, start: int) -> dict | None:
+    try:
+        value, _ = _DECODER.raw_decode(text, start)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _first_json_object(text: str) -> dict | None:
     """The first `{...}` in `text` that decodes to a JSON object, or None."""
-    decoder = json.JSONDecoder()
     start = text.find("{")
     while start >= 0:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            value = None
-        if isinstance(value, dict):
+        if (value := _object_at(text, start)) is not None:
             return value
         start = text.find("{", start + 1)
     return None
+
+
+def _find_call(raw: str) -> dict | None:
+    """The call object in `raw`, trying the strictest reading first.
+
+    Order matters: a schema-constrained reply *is* one JSON object, and its free-text fields may
+    contain `<think>`, `<tool_call>` or fences (random weights emit anything), so a reply that
+    parses as a whole is never cut by tag handling. Only otherwise: a hermes `<tool_call>` block,
+    then the first object outside closed `<think>` blocks and code fences, then any object at all.
+    """
+    stripped = raw.strip()
+    if stripped.startswith("{") and (obj := _object_at(stripped, 0)) is not None:
+        return obj
+    without_think = _THINK_RE.sub(" ", raw)
+    hermes = _TOOL_CALL_RE.search(without_think)
+    if hermes is not None and (obj := _first_json_object(_FENCE_RE.sub(" ", hermes.group(1)))):
+        return obj
+    return _first_json_object(_FENCE_RE.sub(" ", without_think)) or _first_json_object(raw)
 
 
 def _normalise(obj: dict) -> tuple[str | None, object, str]:
@@ -152,13 +178,7 @@ def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
     raw = text if isinstance(text, str) else str(text)
     specs = {spec["name"]: spec for spec in tool_specs}
     names = ", ".join(specs)
-    cleaned = _THINK_RE.sub(" ", raw)
-    hermes = _TOOL_CALL_RE.search(cleaned)
-    if hermes is not None:
-        cleaned = hermes.group(1)
-    cleaned = _FENCE_RE.sub(" ", cleaned)
-
-    obj = _first_json_object(cleaned)
+    obj = _find_call(raw)
     if obj is None:
         return ActionError('no JSON object found; reply with one JSON object like '
                            '{"thought": "...", "tool": "<name>", "args": {...}}', raw)
@@ -169,7 +189,7 @@ def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
         return ActionError(f"unknown tool {name!r}; available tools: {names}", raw)
     if isinstance(args, str):                                # arguments sent as a JSON string
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = _DECODER.decode(args) if args.strip() else {}
         except ValueError:
             return ActionError(f'"args" for {name} is not valid JSON: {args[:200]!r}', raw)
     if args is None:

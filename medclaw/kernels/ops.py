@@ -1,9 +1,9 @@
 """Resize and spatial crop of uint8 frame batches on the target device, plus the plain reference.
 
     crop_box_to_pixels(box, width, height) -> (x1, y1, x2, y2)   normalised box -> source pixels
-    resize_crop(frames, width, height, crop_px=None, interpolation="bicubic")
+    resize_crop(frames, width, height, crop_px=None, interpolation="bicubic", *, out=None)
         frames: uint8 torch tensor (T, H, W, 3) on any device -> uint8 (T, height, width, 3), same
-        device. Antialiased (like PIL and qwen-vl-utils' torchvision resize), so downscales do not
+        device (written into `out` when given). Antialiased (like PIL and qwen-vl-utils' torchvision resize), so downscales do not
         alias. On CPU the uint8 kernels of `torch.nn.functional.interpolate` are used directly; on
         CUDA the batch goes through float32.
     resize_crop_reference(frames, width, height, crop_px=None, interpolation="bicubic")
@@ -45,8 +45,13 @@ def _check(width: int, height: int, interpolation: str) -> None:
         raise ValueError(f"output size must be positive, got {width}x{height}")
 
 
-def resize_crop(frames, width: int, height: int, crop_px=None, interpolation: str = "bicubic"):
-    """uint8 (T, H, W, 3) tensor -> uint8 (T, height, width, 3) tensor on the same device."""
+def resize_crop(frames, width: int, height: int, crop_px=None, interpolation: str = "bicubic",
+                *, out=None):
+    """uint8 (T, H, W, 3) tensor -> uint8 (T, height, width, 3) tensor on the same device.
+
+    With `out` (a uint8 (T, height, width, 3) tensor, e.g. a slice of a batch), the result is
+    written there — on CPU straight from the resize kernel, saving a copy of every frame.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -55,20 +60,49 @@ def resize_crop(frames, width: int, height: int, crop_px=None, interpolation: st
         x1, y1, x2, y2 = crop_px
         frames = frames[:, y1:y2, x1:x2]                                  # (T, h, w, 3) view
     if frames.shape[1] == height and frames.shape[2] == width:
-        return frames.contiguous()
+        if out is None:
+            return frames.contiguous()
+        out.copy_(frames)
+        return out
     if frames.shape[0] == 0:
-        return frames.new_empty((0, height, width, 3))
+        return frames.new_empty((0, height, width, 3)) if out is None else out
     # (T, H, W, 3) -> (T, 3, H, W) as a channels-last view: no copy, and the layout the uint8
     # antialias kernels are fastest on.
     nchw = frames.permute(0, 3, 1, 2)                                     # (T, 3, H, W)
     if frames.device.type == "cpu":
-        out = F.interpolate(nchw, size=(height, width), mode=interpolation, antialias=True,
-                            align_corners=False)                          # (T, 3, h, w) uint8
+        if out is not None and _resize_into(nchw, out, height, width, interpolation):
+            return out
+        resized = F.interpolate(nchw, size=(height, width), mode=interpolation, antialias=True,
+                                align_corners=False)                      # (T, 3, h, w) uint8
     else:
-        out = F.interpolate(nchw.float(), size=(height, width), mode=interpolation,
-                            antialias=True, align_corners=False)          # (T, 3, h, w) float32
-        out = out.round_().clamp_(0, 255).to(torch.uint8)
-    return out.permute(0, 2, 3, 1).contiguous()                           # (T, h, w, 3)
+        resized = F.interpolate(nchw.float(), size=(height, width), mode=interpolation,
+                                antialias=True, align_corners=False)      # (T, 3, h, w) float32
+        resized = resized.round_().clamp_(0, 255).to(torch.uint8)
+    resized = resized.permute(0, 2, 3, 1)                                 # (T, h, w, 3)
+    if out is None:
+        return resized.contiguous()
+    out.copy_(resized)
+    return out
+
+
+def _resize_into(nchw, out, height: int, width: int, interpolation: str) -> bool:
+    """Antialiased resize written straight into `out` (T, h, w, 3); False if unsupported.
+
+    Uses the `out=` overload of aten's `_upsample_*_aa` (what F.interpolate calls with
+    antialias=True). `out` viewed as (T, 3, h, w) is channels-last, the layout the kernel
+    produces for a channels-last input, so it writes in place with no proxy copy.
+    """
+    import torch
+
+    op = getattr(torch._C._nn, f"_upsample_{interpolation}2d_aa", None)
+    target = out.permute(0, 3, 1, 2)                                      # (T, 3, h, w) view
+    if op is None or not target.is_contiguous(memory_format=torch.channels_last):
+        return False
+    try:
+        op(nchw, (height, width), False, None, None, out=target)
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 def resize_crop_reference(frames, width: int, height: int, crop_px=None,

@@ -44,6 +44,8 @@ class SearchKBTool(Tool):
             raise ToolError("no knowledge base is configured for this session; answer from the "
                             "video and the skills instead")
         query = args["query"].strip()
+        if not query:   # the schema allows " "; the encoder needs words
+            raise ToolError("the query is empty; say what to look up")
         kind = args["type"].strip().lower()
         from medclaw.kb.errors import UnknownPassageTypeError
 

@@ -73,3 +73,27 @@ def test_concurrent_use_keeps_budget_and_counts():
     assert stats.bytes <= 50 * 48 and stats.frames == len(cache) <= 50
     for key in list(cache._frames):
         assert cache.get(key)[0, 0, 0] == key.frame_index % 256
+
+
+def test_batch_storage_counts_until_its_last_frame_leaves():
+    batch = np.zeros((4, 4, 4, 3), np.uint8)                  # 4 frames, 192 bytes in one storage
+    cache = FrameCache(capacity_bytes=250)
+    cache.put_batch([_key(i) for i in range(4)], list(batch), batch.nbytes)
+    assert cache.stats().bytes == 192 and len(cache) == 4
+    cache.put(_key(10), _frame(1))                            # 192 + 48 = 240 fits
+    assert len(cache) == 5
+    cache.put(_key(11), _frame(2))                            # 288 > 250: evict oldest frames
+    # Dropping some frames of the batch frees nothing, so LRU goes on until the batch is gone.
+    stats = cache.stats()
+    assert stats.bytes == 96 and stats.evictions == 4 and len(cache) == 2
+    assert _key(10) in cache and _key(11) in cache
+
+
+def test_replacing_a_frame_of_a_batch_keeps_accounting_exact():
+    batch = np.zeros((2, 4, 4, 3), np.uint8)
+    cache = FrameCache(capacity_bytes=10_000)
+    cache.put_batch([_key(0), _key(1)], list(batch), batch.nbytes)
+    cache.put(_key(0), _frame(5))
+    assert cache.stats().bytes == 96 + 48
+    cache.put(_key(1), _frame(6))
+    assert cache.stats().bytes == 96                          # the batch storage is released

@@ -73,7 +73,7 @@ def test_table_and_auto_choice():
 
 def test_density_rule():
     assert is_dense(range(0, 15000, 19), gop=250)
-    assert not is_dense(range(0, 15000, 234 * 2), gop=250)
+    assert not is_dense(range(0, 15000, 234), gop=250)        # 64 frames over 10 min
     assert not is_dense([5], gop=250)
 
 
@@ -171,3 +171,13 @@ def test_nvdec_agrees_with_cpu(synth_video):
         assert read_frame_indices(gpu) == list(indices), name
         # NVDEC's YUV->RGB conversion differs from swscale's by rounding only.
         assert np.abs(gpu.astype(int) - cpu.astype(int)).mean() < 3.0, name
+
+
+def test_chunks_are_bounded_by_full_resolution_bytes():
+    from medclaw.kernels.decoders.base import CHUNK_MAX_BYTES
+
+    job = _job("v.mp4", range(100), chunk=32)
+    assert [len(c) for _, c in job.chunks()] == [32, 32, 32, 4]
+    job.src_width, job.src_height = 3840, 2160                # 4K: ~25 MB per RGB frame
+    sizes = [len(c) for _, c in job.chunks()]
+    assert sum(sizes) == 100 and max(sizes) * 3840 * 2160 * 3 <= CHUNK_MAX_BYTES

@@ -71,12 +71,21 @@ def test_duplicates_and_order_are_kept(info):
     assert src.frames_decoded == 3
 
 
-def test_returned_arrays_do_not_alias_the_cache(info):
+def test_returned_arrays_are_read_only_and_copies_do_not_touch_the_cache(info):
     src = FrameSource(cache_mb=64)
     first = src.get_frames(info, [5, 6], 320, 180)
-    first[:] = 0
+    with pytest.raises(ValueError):
+        first[:] = 0
+    mine = first.copy()
+    mine[:] = 0
+    tensor = src.get_frames(info, [5, 6], 320, 180, as_tensor=True)
+    tensor.zero_()                                            # a tensor of the caller's own
     again = src.get_frames(info, [5, 6], 320, 180)
     assert read_frame_indices(again) == [5, 6]
+    other = FrameSource(cache_mb=64)
+    other.get_frames(info, [7, 8], 320, 180, as_tensor=True).zero_()   # first request
+    assert read_frame_indices(other.get_frames(info, [7, 8], 320, 180)) == [7, 8]
+    assert other.frames_decoded == 2                          # served from the intact cache
 
 
 def test_as_tensor(info):

@@ -73,3 +73,17 @@ def test_cuda_path_agrees_with_reference():
     fast = resize_crop(torch.from_numpy(frames).cuda(), 84, 56, (10, 5, 110, 80)).cpu().numpy()
     ref = resize_crop_reference(frames, 84, 56, (10, 5, 110, 80))
     assert np.abs(fast.astype(int) - ref.astype(int)).mean() < 1.0
+
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size,crop", [((168, 84), None), ((84, 56), (10, 5, 110, 80)),
+                                       ((160, 90), None)])
+def test_writing_into_a_batch_slice_matches(size, crop, interp):
+    frames = torch.from_numpy(_frames())
+    w, h = size
+    batch = torch.zeros((7, h, w, 3), dtype=torch.uint8)
+    returned = resize_crop(frames, w, h, crop, interp, out=batch[2:5])
+    expected = resize_crop(frames, w, h, crop, interp)
+    assert returned.data_ptr() == batch[2:5].data_ptr()
+    assert torch.equal(batch[2:5], expected)
+    assert batch[:2].sum() == 0 and batch[5:].sum() == 0

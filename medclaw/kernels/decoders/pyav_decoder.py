@@ -61,6 +61,8 @@ class PyAVDecoder(Decoder):
             stream.thread_count = job.num_threads
             pts_to_index = {p: i for i, p in enumerate(pts_list)}
             src_w, src_h = stream.codec_context.width, stream.codec_context.height
+            job.src_width, job.src_height = src_w, src_h
+            chunk_size = len(next(job.chunks())[1])
             small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
             scale = small and job.crop_px is None and job.rotation % 360 == 0
             sws = _SWS_INTERPOLATION[job.interpolation]
@@ -78,7 +80,7 @@ class PyAVDecoder(Decoder):
             buf, buf_start = [], 0
             for slot, frame in frames:
                 buf.append(convert(frame))
-                if len(buf) == job.chunk or slot == len(job.indices) - 1:
+                if len(buf) == chunk_size or slot == len(job.indices) - 1:
                     job.check_cancelled()
                     chunk = torch.from_numpy(np.stack(buf))               # (n, h, w, 3)
                     if scale:

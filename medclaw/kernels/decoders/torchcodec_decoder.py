@@ -63,6 +63,7 @@ class TorchcodecDecoder(Decoder):
         decoder = probe if (threads == 1 and transforms is None) else self._open(
             job, threads, transforms)
         del probe
+        job.src_width, job.src_height = src_w, src_h
         for start, chunk in job.chunks():
             job.check_cancelled()
             try:

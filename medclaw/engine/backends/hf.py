@@ -1,0 +1,163 @@
+"""Hugging Face transformers backend: the fallback when vLLM cannot serve a model or a machine.
+
+Contract:
+- `TransformersBackend(spec)` loads the model with accelerate's `device_map="auto"` (GPUs, then
+  CPU RAM), `torch_dtype="auto"`. `spec.quantization` "bnb-4bit" / "bnb-8bit" quantises on load
+  with bitsandbytes (needs the `bitsandbytes` package and CUDA: a clear `ConfigError` otherwise);
+  pre-quantised checkpoints (awq / gptq / fp8) load through their own `quantization_config`.
+- VLMs (a `vision_config` in config.json) load with `AutoModelForImageTextToText` and their
+  processor; video parts go in as already-sampled frames (`do_sample_frames=False`), image parts
+  as arrays. Text models load with `AutoModelForCausalLM`.
+- `generate` is awaitable from any event loop; generation runs on one dedicated worker thread
+  (transformers' `generate` is not safe to run concurrently on one model), one request at a time.
+- No constrained decoding (`supports_json_schema = False`: callers use the tolerant parser) and
+  no prefix cache (`num_cached_tokens = 0`). Output is split per `spec.output_format`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from medclaw.engine.backends.base import (
+    Backend, media_in_order, set_offline_env, template_messages, video_metadata,
+)
+from medclaw.engine.output_format import split_output
+from medclaw.errors import ConfigError
+from medclaw.models.spec import ModelSpec
+from medclaw.types import GenRequest, GenResult
+
+# ModelSpec.quantization → BitsAndBytesConfig keyword arguments (others need nothing at load)
+BNB_CONFIGS: dict[str, dict] = {
+    "bnb-4bit": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                 "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_use_double_quant": True},
+    "bnb-8bit": {"load_in_8bit": True},
+}
+
+
+def _bnb_config(spec: ModelSpec):
+    """BitsAndBytesConfig for `spec`, or None; a ConfigError when the machine cannot do it."""
+    options = BNB_CONFIGS.get(spec.quantization or "")
+    if options is None:
+        return None
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(f"model {spec.name!r}: quantization {spec.quantization} needs the "
+                          "bitsandbytes package (pip install bitsandbytes)")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"model {spec.name!r}: quantization {spec.quantization} needs a CUDA GPU")
+    from transformers import BitsAndBytesConfig
+
+    options = dict(options)
+    if "bnb_4bit_compute_dtype" in options:
+        options["bnb_4bit_compute_dtype"] = getattr(torch, options["bnb_4bit_compute_dtype"])
+    return BitsAndBytesConfig(**options)
+
+
+class TransformersBackend(Backend):
+    supports_json_schema = False
+    supports_media = True
+
+    def __init__(self, spec: ModelSpec):
+        config_path = Path(spec.path) / "config.json"
+        if not config_path.is_file():
+            raise ConfigError(f"model {spec.name!r}: no config.json in {spec.path}")
+        set_offline_env()
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, \
+            AutoTokenizer
+
+        from medclaw.models.store import revision_hash
+
+        self.spec = spec
+        self.model_name = spec.name
+        self.model_revision = revision_hash(spec.path)
+        self.is_multimodal = "vision_config" in json.loads(config_path.read_text())
+        load_kwargs = {"device_map": "auto", "torch_dtype": "auto", **spec.extra}
+        if (quantization := _bnb_config(spec)) is not None:
+            load_kwargs["quantization_config"] = quantization
+        model_class = AutoModelForImageTextToText if self.is_multimodal else AutoModelForCausalLM
+        self.model = model_class.from_pretrained(spec.path, **load_kwargs).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        self.processor = AutoProcessor.from_pretrained(spec.path) if self.is_multimodal else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hf-{spec.name}")
+        self._closed = False
+
+    def _render(self, request: GenRequest) -> str:
+        owner = self.processor if self.processor is not None and \
+            getattr(self.processor, "chat_template", None) else self.tokenizer
+        return owner.apply_chat_template(template_messages(request.messages), tokenize=False,
+                                         add_generation_prompt=True)
+
+    def _inputs(self, request: GenRequest):
+        text = self._render(request)
+        media = media_in_order(request)
+        if not media:
+            return self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+        if self.processor is None:
+            raise ValueError(f"model {self.model_name!r} is text-only; the request carries media")
+        videos = [item for item in media if item.kind == "video"]
+        images = [item.frames for item in media if item.kind == "image"]     # (H, W, 3) each
+        kwargs = {}
+        if videos:
+            kwargs.update(videos=[item.frames for item in videos],           # (T, H, W, 3) each
+                          # HF's VideoMetadata has no do_sample_frames field: it is a call kwarg
+                          video_metadata=[{k: v for k, v in video_metadata(item).items()
+                                           if k != "do_sample_frames"} for item in videos],
+                          do_sample_frames=False)
+        if images:
+            kwargs["images"] = images
+        return self.processor(text=[text], return_tensors="pt", add_special_tokens=False, **kwargs)
+
+    def _generate_sync(self, request: GenRequest) -> GenResult:
+        import torch
+
+        started = time.perf_counter()
+        inputs = self._inputs(request).to(self.model.device)
+        sampling = {"do_sample": False}
+        if request.temperature > 0:
+            sampling = {"do_sample": True, "temperature": request.temperature}
+            if request.seed is not None:
+                torch.manual_seed(request.seed)
+        eos = self.tokenizer.eos_token_id
+        with torch.inference_mode():
+            output = self.model.generate(**inputs, max_new_tokens=request.max_tokens,
+                                         pad_token_id=self.tokenizer.pad_token_id or eos, **sampling)
+        prompt_len = int(inputs["input_ids"].shape[1])
+        new_ids = output[0, prompt_len:].tolist()
+        stopped = bool(new_ids) and new_ids[-1] in _eos_ids(self.model, eos)
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        split = split_output(text, self.spec.output_format)
+        return GenResult(
+            text=split.answer, reasoning=split.reasoning,
+            model_name=self.model_name, model_revision=self.model_revision,
+            num_prompt_tokens=prompt_len, num_completion_tokens=len(new_ids), num_cached_tokens=0,
+            latency_s=time.perf_counter() - started,
+            finish_reason="stop" if stopped or len(new_ids) < request.max_tokens else "length")
+
+    async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        if self._closed:
+            raise RuntimeError(f"transformers backend {self.model_name!r} is closed")
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(self._executor, self._generate_sync, request)
+                for request in requests]
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        self.model = None
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+
+def _eos_ids(model, fallback: int | None) -> set[int]:
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    return {i for i in [*ids, fallback] if i is not None}
