@@ -17,7 +17,8 @@ from medclaw.kernels.bench_decode import register
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks/decode.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="benchmarks/decode.py",
+                                     description=__doc__.splitlines()[0])
     register(parser)
     args = parser.parse_args(argv)
     try:

@@ -135,6 +135,7 @@ def _summary(trace, result, expected: str, timings: dict) -> dict:
         "answer": result.answer,
         "ground_truth": expected,
         "status": result.status,
+        "forced_reason": (trace.footer or {}).get("forced_reason"),
         "steps": result.steps,
         "tools": [s.get("tool") or "(invalid)" for s in trace.steps],
         "errors": totals.get("errors", 0),
@@ -158,7 +159,9 @@ def _print(summary: dict, trace) -> None:
     console.rule("demo summary")
     console.print(f"[bold yellow]{summary['label']}[/]")
     console.print(f"Question:     {summary['question']}", markup=False)
-    console.print(f"Answer:       {summary['answer']!r}   (status: {summary['status']})", markup=False)
+    forced = f"; forced: {summary['forced_reason']}" if summary.get("forced_reason") else ""
+    console.print(f"Answer:       {summary['answer']!r}   (status: {summary['status']}{forced})",
+                  markup=False)
     console.print(f"Ground truth: {summary['ground_truth']}", markup=False)
     orch, subs = summary["orchestrator"], summary["sub_agents"]
     console.print(f"Steps: {summary['steps']}  tools: {', '.join(summary['tools'])}  "

@@ -139,11 +139,17 @@ async def constrained_tool_calls(llm, tool_specs: list[dict], n: int = 100) -> d
             "completion_tokens_max": max(r.num_completion_tokens for r in results)}
 
 
-async def measure(vlm, llm, tool_specs: list[dict]) -> dict:
+async def measure(vlm, llm, tool_specs: list[dict], step=lambda name: None) -> dict:
+    """Run every measurement; `step(name)` is called as each one starts (progress display)."""
+    step("repeat questions")
     repeat = await repeat_question_reuse(vlm)
+    step("stage 2")
     stage2 = await stage2_reuse(vlm)
+    step("orchestrator turns")
     turns = await turn_reuse(llm, tool_specs)
+    step("16 concurrent requests")
     concurrent = await concurrent_requests(llm, tool_specs)
+    step("100 constrained tool calls")
     calls = await constrained_tool_calls(llm, tool_specs)
     return {
         "repeat_question_cached_fraction": round(repeat["fraction"], 4),
@@ -164,22 +170,36 @@ def bench_tool_specs() -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from medclaw.engine.backends.vllm_local import VLLMBackend
-    from medclaw.models.registry import load_models
+    from tqdm import tqdm
 
-    specs = load_models(profile=args.profile, config=args.config)
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+    from medclaw.models.registry import DEFAULT_PROFILE, load_models
+
+    specs = load_models(config_path=args.config, profile=args.profile)
     vlm_spec, llm_spec = specs["video_expert"], specs["orchestrator"]
-    print(f"starting engines for {vlm_spec.name} and {llm_spec.name} …", file=sys.stderr)
-    vlm = VLLMBackend(vlm_spec)
-    try:
-        llm = VLLMBackend(llm_spec)
+    profile = args.profile or ("(from config)" if args.config else DEFAULT_PROFILE)
+    report = {"profile": profile, "vlm": vlm_spec.name, "llm": llm_spec.name, "block_size": None}
+    started = []
+    with tqdm(total=7, desc="bench kv", unit="step", file=sys.stderr) as bar:
+        def step(name: str) -> None:       # marks the previous step done, shows the next one
+            if started:
+                bar.update(1)
+            started.append(name)
+            bar.set_postfix_str(name)
+
+        step(f"start VLM {vlm_spec.name}")
+        vlm = VLLMBackend(vlm_spec)
         try:
-            report = {"profile": args.profile, "vlm": vlm_spec.name, "llm": llm_spec.name}
-            report.update(asyncio.run(measure(vlm, llm, bench_tool_specs())))
+            step(f"start LLM {llm_spec.name}")
+            llm = VLLMBackend(llm_spec)
+            try:
+                report["block_size"] = llm.block_size
+                report.update(asyncio.run(measure(vlm, llm, bench_tool_specs(), step)))
+                bar.update(1)
+            finally:
+                llm.shutdown()
         finally:
-            llm.shutdown()
-    finally:
-        vlm.shutdown()
+            vlm.shutdown()
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -190,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", default="tiny-cpu", help="model profile (default: tiny-cpu)")
+    parser.add_argument("--profile", default=None,
+                        help="deployment profile (default: the config's, else tiny-cpu)")
     parser.add_argument("--config", default=None, help="models config file (YAML/JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)

@@ -109,6 +109,7 @@ class _Episode:
         self.writer: TraceWriter | None = None
         self.answer: str | None = None
         self.evidence_times: list = []
+        self.forced_reason: str | None = None      # why the loop stopped early, if it did
 
     # --- the loop -----------------------------------------------------------------------------
     async def run(self) -> EpisodeResult:
@@ -159,6 +160,7 @@ class _Episode:
             self.budget.context_tokens = _next_prompt_tokens(step.orchestrator_call, turn)
 
     async def _forced_answer(self, orchestrator, reason: str) -> str:
+        self.forced_reason = reason
         schema = self._generation_schema(self.final_specs) if orchestrator.supports_json_schema else None
         self.conversation.add_user(forced_answer_turn(reason))
         step = await self._step(orchestrator, schema, self.final_specs, kind="forced_answer",
@@ -250,7 +252,7 @@ class _Episode:
         if self.writer is None or self.writer.closed:
             return
         fields = dict(answer=self.answer, status=status, evidence_times=self.evidence_times,
-                      totals=self._totals())
+                      forced_reason=self.forced_reason, totals=self._totals())
         if error:
             fields["error"] = error
         self.writer.footer(**fields)

@@ -91,7 +91,8 @@ def render(trace, console) -> None:
     totals = footer.get("totals", {})
     status = footer.get("status", "?")
     colour = "green" if status == "answered" else "yellow" if status == "forced_answer" else "red"
-    console.print(f"[bold]Status:[/] [{colour}]{e(status)}[/]")
+    forced = f" ({e(footer['forced_reason'])})" if footer.get("forced_reason") else ""
+    console.print(f"[bold]Status:[/] [{colour}]{e(status)}[/]{forced}")
     console.print(f"[bold]Answer:[/] {e(str(footer.get('answer')))}")
     if footer.get("evidence_times"):
         console.print(f"[bold]Evidence times:[/] {footer['evidence_times']}")

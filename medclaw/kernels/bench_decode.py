@@ -42,7 +42,8 @@ WINDOW_MAX_PIXELS = 768 * 28 * 28
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("video", metavar="VIDEO", help="video file (e.g. from `medclaw video synth`)")
+    parser.add_argument("video", metavar="VIDEO",
+                        help="video file (e.g. from `medclaw video synth`)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where we decode (baseline always runs on CPU)")
@@ -207,7 +208,8 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
     if unknown:
         raise ConfigError(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(CASES)}")
     if shutil.which("ffmpeg") is None:
-        raise ConfigError("the ffmpeg binary is needed for the speed limit (apt-get install ffmpeg)")
+        raise ConfigError("the ffmpeg binary is needed for the speed limit "
+                          "(apt-get install ffmpeg)")
     check = has_ground_truth(video)
     sides = ("ours", "baseline") if baseline else ("ours",)
     steps = len(cases) * repeat * (len(sides) + 1)

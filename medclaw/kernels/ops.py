@@ -3,9 +3,10 @@
     crop_box_to_pixels(box, width, height) -> (x1, y1, x2, y2)   normalised box -> source pixels
     resize_crop(frames, width, height, crop_px=None, interpolation="bicubic", *, out=None)
         frames: uint8 torch tensor (T, H, W, 3) on any device -> uint8 (T, height, width, 3), same
-        device (written into `out` when given). Antialiased (like PIL and qwen-vl-utils' torchvision resize), so downscales do not
-        alias. On CPU the uint8 kernels of `torch.nn.functional.interpolate` are used directly; on
-        CUDA the batch goes through float32.
+        device (written into `out` when given). Antialiased (like PIL and qwen-vl-utils'
+        torchvision resize), so downscales do not alias. On CPU the uint8 kernels of
+        `torch.nn.functional.interpolate` are used directly; on CUDA the batch goes through
+        float32.
     resize_crop_reference(frames, width, height, crop_px=None, interpolation="bicubic")
         numpy uint8 (T, H, W, 3) -> numpy; PIL per frame. The fast path must agree with it within
         a few grey levels (tests/kernels/test_ops.py).
@@ -26,7 +27,8 @@ def crop_box_to_pixels(box, width: int, height: int) -> tuple[int, int, int, int
     try:
         x1, y1, x2, y2 = (float(v) for v in box)
     except (TypeError, ValueError):
-        raise InvalidCropError(f"crop box must be 4 numbers (x1, y1, x2, y2), got {box!r}") from None
+        raise InvalidCropError(
+            f"crop box must be 4 numbers (x1, y1, x2, y2), got {box!r}") from None
     if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
         raise InvalidCropError(f"crop box must be finite, got {box!r}")
     if not (0.0 <= x1 < x2 <= 1.0 and 0.0 <= y1 < y2 <= 1.0):

@@ -1,4 +1,4 @@
-"""Token-budgeted frame planner: which frames to decode, and at what size, for a Qwen2.5-VL-style VLM.
+"""Token-budgeted frame planner: which frames to decode, and at what size, for a Qwen2.5-VL VLM.
 
 Contract:
     plan_frames(info, start_s=0.0, end_s=None, *, fps=2.0, num_frames=None, min_frames=4,
@@ -13,8 +13,8 @@ gives the very frames and sizes `fetch_video` would have given:
   * frame count as `smart_nframes` (`fps` mode with min/max frames, or an explicit `num_frames`),
     always even (Qwen2.5-VL merges 2 frames per temporal patch);
   * frame indices as `torch.linspace(first, last, n).round()` (float32, like qwen-vl-utils);
-  * per-frame pixel cap as `fetch_video`: max(min(max_pixels, total_pixels / n · 2), 1.05 · min_pixels),
-    then `smart_resize` to multiples of 28 (patch 14 × merge 2).
+  * per-frame pixel cap as `fetch_video`:
+    max(min(max_pixels, total_pixels / n · 2), 1.05 · min_pixels), then `smart_resize` to multiples of 28 (patch 14 × merge 2).
 On top of that, `max_visual_tokens` is a *hard* budget: the plan first lowers the resolution (down
 to `min_pixels`), then drops frames (keeping an even count ≥ 2), then goes below `min_pixels`; if
 not even 2 frames of 28×28 fit, it raises `ValueError`.
@@ -87,7 +87,7 @@ def floor_by_factor(number: float, factor: int) -> int:
 
 def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: float | None = None,
                  max_pixels: float | None = None) -> tuple[int, int]:
-    """(height, width) rounded to multiples of `factor`, pixel count within [min, max], aspect kept."""
+    """(h, w) rounded to multiples of `factor`, pixel count within [min, max], aspect kept."""
     max_pixels = max_pixels if max_pixels is not None else 16384 * factor ** 2
     min_pixels = min_pixels if min_pixels is not None else 4 * factor ** 2
     if max_pixels < min_pixels:
@@ -111,7 +111,7 @@ def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: floa
 def smart_nframes(total_frames: int, video_fps: float, *, fps: float | None = DEFAULT_FPS,
                   num_frames: int | None = None, min_frames: int = 4,
                   max_frames: int | None = 768) -> int:
-    """Frames to sample from `total_frames` (qwen-vl-utils `smart_nframes`; `num_frames` = nframes)."""
+    """Frames to sample from `total_frames` (qwen-vl-utils `smart_nframes`; num_frames=nframes)."""
     if num_frames is not None:
         nframes = round_by_factor(num_frames, FRAME_FACTOR)
     else:

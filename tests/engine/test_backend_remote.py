@@ -42,7 +42,10 @@ def test_payload_media_as_jpeg_data_urls_with_uuids():
     image = MediaItem(kind="image", uuid="img", frames=np.zeros((28, 28, 3), np.uint8))
     request = (Conversation("SYS").add_user("Q?", media=[video, image])
                .to_request(max_tokens=9, json_schema={"type": "object"}))
-    body = RemoteBackend(_spec(["http://127.0.0.1:1/v1"], served_model_name="srv")).payload(request)
+    plain = RemoteBackend(_spec(["http://127.0.0.1:1/v1"], served_model_name="srv"))
+    assert "media_io_kwargs" not in plain.payload(request)      # needs --trust-request-mm-kwargs
+    body = RemoteBackend(_spec(["http://127.0.0.1:1/v1"], served_model_name="srv",
+                               per_request_video_fps=True)).payload(request)
     assert body["model"] == "srv" and body["max_tokens"] == 9
     assert body["messages"][0] == {"role": "system", "content": "SYS"}
     video_part, image_part, text_part = body["messages"][1]["content"]

@@ -228,8 +228,9 @@ async def test_step_budget_warns_then_forces_a_final_answer(tmp_path, synth_vide
     assert "steps budget spent" in _text(requests[-1].messages[-1])
     warned = [i for i, r in enumerate(requests) if "BUDGET WARNING" in _text(r.messages[-1])]
     assert warned and warned[0] == 3                # after step 3 of 4 (75 %)
-    steps = Trace.load(result.trace_path).steps
-    assert steps[-1]["kind"] == "forced_answer"
+    trace = Trace.load(result.trace_path)
+    assert trace.steps[-1]["kind"] == "forced_answer"
+    assert trace.footer["forced_reason"] == "steps budget spent"
 
 
 async def test_wall_time_budget_and_unusable_forced_answer_fail_explicitly(tmp_path, synth_video, skills):

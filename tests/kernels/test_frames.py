@@ -1,4 +1,4 @@
-"""FrameSource: planned frames are exact, the cache spares re-decoding, timeouts and errors are typed."""
+"""FrameSource: exact planned frames, the cache spares re-decoding, typed timeouts and errors."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Frame planner: qwen-vl-utils semantics (checked against the library itself) + a hard token budget."""
+"""Frame planner: qwen-vl-utils semantics (checked against the library) + a hard token budget."""
 from __future__ import annotations
 
 import itertools

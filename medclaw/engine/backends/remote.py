@@ -7,17 +7,19 @@ Contract:
   `generate` is awaitable from any event loop; it sends a batch's requests concurrently.
 - Media go inline, never as file paths: a video part becomes a `video_url` data URL
   `data:video/jpeg;base64,<frame1>,<frame2>,…` (comma-joined JPEG frames, vLLM's jpeg-sequence
-  loader) with the sampling fps in `media_io_kwargs`; an image part an `image_url` JPEG data URL.
-  Every media part carries `uuid` = `MediaItem.uuid`, so the server's prefix cache recognises the
-  clip by identity (DESIGN.md rule 2). One request carries one video fps (vLLM's media IO kwargs
-  are per request): the first video's.
+  loader); an image part an `image_url` JPEG data URL. Every media part carries `uuid` =
+  `MediaItem.uuid`, so the server's prefix cache recognises the clip by identity (DESIGN.md
+  rule 2). The frames' sampling fps (which sets Qwen2.5-VL's temporal spacing) is the server's
+  `--media-io-kwargs '{"video": {"fps": 2.0}}'`, or, with `extra: {per_request_video_fps: true}`
+  and a server started with `--trust-request-mm-kwargs`, the request's first video's fps
+  (vLLM's media IO kwargs are per request, not per item).
 - `GenRequest.json_schema` goes as `response_format: json_schema` (constrained by the server's
   structured-output backend; start it with `disable_any_whitespace`, below).
 - Cached tokens come from `usage.prompt_tokens_details.cached_tokens` (server flag
   `--enable-prompt-tokens-details`; 0 without it). Output is split per `spec.output_format`.
 - The HTTP client ignores proxy environment variables (`trust_env=False`): requests go to the
   configured endpoints and nowhere else. `spec.extra`: `served_model_name` (default `spec.name`),
-  `timeout_s` (default 600), `jpeg_quality` (default 90).
+  `timeout_s` (default 600), `jpeg_quality` (default 90), `per_request_video_fps` (default false).
 
 Serving commands (offline: `export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1`).
 Common flags, called $COMMON below:
@@ -102,6 +104,7 @@ class RemoteBackend(Backend):
         self.served_model_name = str(spec.extra.get("served_model_name", spec.name))
         self.timeout_s = float(spec.extra.get("timeout_s", DEFAULT_TIMEOUT_S))
         self.jpeg_quality = int(spec.extra.get("jpeg_quality", DEFAULT_JPEG_QUALITY))
+        self.per_request_video_fps = bool(spec.extra.get("per_request_video_fps", False))
         self.model_revision = _revision(spec.path)
         self._in_flight = [0] * len(self.endpoints)
         self._turn = itertools.count()
@@ -151,7 +154,7 @@ class RemoteBackend(Backend):
         if request.json_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "output", "schema": request.json_schema, "strict": True}}
-        if video_fps is not None:
+        if video_fps is not None and self.per_request_video_fps:
             body["media_io_kwargs"] = {"video": {"fps": video_fps}}
         return body
 

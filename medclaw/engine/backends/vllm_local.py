@@ -103,6 +103,7 @@ class VLLMBackend(Backend):
         self._engine = None
         self._closed = False
         self._per_request_seed = True
+        self.block_size = 0            # KV block size the engine runs with (prefix-cache granularity)
         self._tokenizer = _load_chat_tokenizer(spec.path)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
@@ -137,6 +138,7 @@ class VLLMBackend(Backend):
         except TypeError as err:
             raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
         self._engine = AsyncLLM.from_engine_args(args)
+        self.block_size = self._engine.vllm_config.cache_config.block_size
 
     async def _run(self, prompt: dict, params, request_id: str):
         final = None

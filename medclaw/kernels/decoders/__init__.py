@@ -1,6 +1,6 @@
 """Batched video decoders behind one interface, chosen from a table per device.
 
-    DECODERS                      name -> DecoderSpec (lazy "module:Class", devices, required module)
+    DECODERS                      name -> DecoderSpec ("module:Class", devices, required module)
     AUTO_ORDER                    device kind -> decoder names tried in order by "auto"
     available_decoders(device)    names usable on this machine for that device
     make_decoder(name, device)    an instance; name "auto" picks the first available in AUTO_ORDER

@@ -73,8 +73,6 @@ class PyAVDecoder(Decoder):
                                            interpolation=sws)
                 return frame.to_ndarray(format="rgb24")                   # (h, w, 3)
 
-            container.seek(pts_list[job.indices[0]], stream=stream, backward=True,
-                           any_frame=False)
             frames = self._iterate(container, stream, job, pts_list, keyframes, pts_to_index,
                                    dense)
             buf, buf_start = [], 0
@@ -94,11 +92,29 @@ class PyAVDecoder(Decoder):
         return out
 
     @staticmethod
-    def _iterate(container, stream, job, pts_list, keyframes, pts_to_index, dense):
+    def _decode_from(container, stream, start_pts, pts_to_index, wanted_set):
+        """Decoded frames from the keyframe at or before `start_pts` on.
+
+        Packets of frames nobody asked for are sent with skip_frame=NONREF: if no other frame
+        references them (x264's non-reference B-frames, ~1/3 of the frames here) FFmpeg does not
+        decode them at all — the one way to decode a dense request faster than decoding every
+        frame. Wanted frames are always decoded (skip_frame=DEFAULT on their packets).
+        """
+        ctx = stream.codec_context
+        container.seek(start_pts, stream=stream, backward=True, any_frame=False)
+        for packet in container.demux(stream):
+            index = pts_to_index.get(packet.pts)
+            ctx.skip_frame = "NONREF" if index is not None and index not in wanted_set \
+                else "DEFAULT"
+            yield from ctx.decode(packet)
+
+    def _iterate(self, container, stream, job, pts_list, keyframes, pts_to_index, dense):
         """Yield (slot, av.VideoFrame) for each requested index, in order; stop at end of stream."""
         wanted = job.indices
+        wanted_set = set(wanted)
         slot = 0
-        frames = container.decode(stream)      # a new generator after each seek (it flushes)
+        frames = self._decode_from(container, stream, pts_list[wanted[0]], pts_to_index,
+                                   wanted_set)
         while slot < len(wanted):
             target = wanted[slot]
             try:
@@ -119,5 +135,6 @@ class PyAVDecoder(Decoder):
                 nxt = wanted[slot]
                 key = keyframes[max(bisect.bisect_right(keyframes, nxt) - 1, 0)] if keyframes else 0
                 if key > index:
-                    container.seek(pts_list[nxt], stream=stream, backward=True, any_frame=False)
-                    frames = container.decode(stream)
+                    frames.close()
+                    frames = self._decode_from(container, stream, pts_list[nxt], pts_to_index,
+                                               wanted_set)

@@ -55,8 +55,9 @@ class TorchcodecDecoder(Decoder):
         dense = is_dense(job.indices, self._gop(probe))
         threads = job.num_threads if dense else 1
         transforms = None
-        if (job.crop_px is None and job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w
-                * src_h):
+        small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
+        # On CUDA the frames are already on the GPU, where ops.resize_crop is cheap.
+        if small and job.crop_px is None and self.device == "cpu":
             from torchcodec.transforms import Resize
 
             transforms = [Resize((job.height, job.width))]
