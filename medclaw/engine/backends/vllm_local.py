@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import os
 import threading
 import time
 import uuid
@@ -120,6 +121,10 @@ class VLLMBackend(Backend):
 
     async def _start(self) -> None:
         set_offline_env()
+        # vLLM logs to stdout by default; stdout is reserved for results (JSON) in medclaw.
+        # Set before vLLM is imported: its logger is configured at import, and the engine's
+        # worker processes inherit the environment.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
