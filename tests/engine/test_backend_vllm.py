@@ -14,9 +14,33 @@ from medclaw.engine import bench_kv
 from medclaw.engine.prompt import Conversation, media_uuid
 from medclaw.types import MediaItem
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
+def engine_test(test):
+    return pytest.mark.slow(pytest.mark.engine(test))
+
+
+def test_engine_kwargs_from_spec(tiny_models):
+    from medclaw.engine.backends.vllm_local import CPU_BLOCK_SIZE, engine_kwargs
+    from medclaw.models.spec import ModelSpec
+
+    vlm = ModelSpec(name="v", path=str(tiny_models.vlm), tensor_parallel_size=2,
+                    data_parallel_size=3, quantization="bnb-4bit", gpu_memory_utilization=0.5,
+                    max_model_len=4096, extra={"block_size": 64, "enforce_eager": True})
+    kwargs = engine_kwargs(vlm, on_cpu=True)
+    assert kwargs["model"] == str(tiny_models.vlm) and kwargs["served_model_name"] == "v"
+    assert (kwargs["tensor_parallel_size"], kwargs["data_parallel_size"]) == (2, 3)
+    assert kwargs["quantization"] == "bitsandbytes" and kwargs["max_model_len"] == 4096
+    assert kwargs["enable_prefix_caching"] is True and kwargs["limit_mm_per_prompt"]["video"] >= 2
+    assert kwargs["block_size"] == 64 and kwargs["enforce_eager"] is True     # extra wins
+    llm = ModelSpec(name="l", path=str(tiny_models.llm))
+    text_kwargs = engine_kwargs(llm, on_cpu=True)
+    assert "limit_mm_per_prompt" not in text_kwargs and "quantization" not in text_kwargs
+    assert text_kwargs["block_size"] == CPU_BLOCK_SIZE
+    assert "block_size" not in engine_kwargs(llm, on_cpu=False)               # GPU: vLLM's default
+
+
+@engine_test
 async def test_video_request_accounting(vlm_engine, tiny_vlm_spec, random_clip):
     from medclaw.models.store import revision_hash
 
@@ -33,6 +57,7 @@ async def test_video_request_accounting(vlm_engine, tiny_vlm_spec, random_clip):
     assert result.latency_s > 0
 
 
+@engine_test
 async def test_media_uuid_is_the_cache_identity(vlm_engine, random_clip):
     frames = random_clip(8)
     first = MediaItem(kind="video", uuid=media_uuid("d" * 64, 0, 15, 2.0, 224 * 224),
@@ -48,24 +73,28 @@ async def test_media_uuid_is_the_cache_identity(vlm_engine, random_clip):
     assert miss.num_cached_tokens < 512 // 2       # new uuid: only the text before the video
 
 
+@engine_test
 async def test_repeat_questions_reuse_the_video(vlm_engine):
     stats = await bench_kv.repeat_question_reuse(vlm_engine, seed=11)
     assert stats["cached_tokens"][0] < stats["prompt_tokens"][0] - 512   # first question: a miss
     assert stats["fraction"] >= 0.90, stats
 
 
+@engine_test
 async def test_stage2_extends_stage1(vlm_engine):
     stats = await bench_kv.stage2_reuse(vlm_engine, seed=12)
     assert stats["stage2_prompt_tokens"] > stats["stage1_prompt_tokens"]
     assert stats["fraction"] >= 0.95, stats
 
 
+@engine_test
 async def test_orchestrator_turns_reuse_previous_turn(llm_engine, tool_specs):
     stats = await bench_kv.turn_reuse(llm_engine, tool_specs, turns=3)
     assert stats["prompt_tokens"] == sorted(stats["prompt_tokens"])      # append-only growth
     assert stats["fraction"] >= 0.95, stats
 
 
+@engine_test
 async def test_concurrent_requests_from_two_event_loops(llm_engine, tool_specs):
     """16 requests in flight at once: 8 from this loop, 8 from another thread's own loop."""
     other: dict = {}
@@ -81,8 +110,29 @@ async def test_concurrent_requests_from_two_event_loops(llm_engine, tool_specs):
     assert other["stats"]["completed"] == 8
 
 
+@engine_test
 async def test_constrained_tool_calls_all_parse(llm_engine, tool_specs):
     stats = await bench_kv.constrained_tool_calls(llm_engine, tool_specs, n=100)
     assert stats["parsed"] == 100, stats["failures"]
     assert len(stats["tools_used"]) >= 2                 # sampling explores the anyOf branches
 
+
+
+@engine_test
+def test_render_keeps_order_placeholders_and_uuids(vlm_engine, random_clip):
+    first = MediaItem(kind="video", uuid="clip-a", frames=random_clip(1, 4, 56, 56), fps=1.0)
+    second = MediaItem(kind="video", uuid="clip-b", frames=random_clip(2, 6, 56, 56), fps=4.0)
+    image = MediaItem(kind="image", uuid="img-c", frames=random_clip(3, 1, 56, 56)[0])
+    conversation = (Conversation("SYSPROMPT").add_user("QUESTION-ONE", media=[first])
+                    .add_assistant("ANSWER-ONE").add_user("QUESTION-TWO", media=[second, image]))
+    prompt = vlm_engine.render(conversation.to_request())
+    assert prompt["multi_modal_uuids"] == {"video": ["clip-a", "clip-b"], "image": ["img-c"]}
+    text = prompt["prompt"]
+    assert text.count("<|video_pad|>") == 2 and text.count("<|image_pad|>") == 1
+    marks = ["SYSPROMPT", "<|video_pad|>", "QUESTION-ONE", "ANSWER-ONE", "QUESTION-TWO"]
+    assert [text.index(m) for m in marks] == sorted(text.index(m) for m in marks)
+    assert text.endswith("<|im_start|>assistant\n")
+    frames, metadata = prompt["multi_modal_data"]["video"][1]
+    assert frames.shape == (6, 56, 56, 3)
+    assert metadata == {"fps": 4.0, "frames_indices": list(range(6)), "total_num_frames": 6,
+                        "duration": 1.5, "do_sample_frames": False}

@@ -98,6 +98,10 @@ class VLLMBackend(Backend):
             raise ConfigError(f"model {spec.name!r}: no config.json in {spec.path}")
         from medclaw.models.store import revision_hash
 
+        set_offline_env()
+        # vLLM logs to stdout by default; stdout is reserved for results (JSON) in medclaw. Set
+        # before vLLM is imported (its logger is configured at import); worker processes inherit it.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         self.spec = spec
         self.model_name = spec.name
         self.model_revision = revision_hash(spec.path)
@@ -120,11 +124,6 @@ class VLLMBackend(Backend):
     # ------------------------------------------------------------------ engine thread side
 
     async def _start(self) -> None:
-        set_offline_env()
-        # vLLM logs to stdout by default; stdout is reserved for results (JSON) in medclaw.
-        # Set before vLLM is imported: its logger is configured at import, and the engine's
-        # worker processes inherit the environment.
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
@@ -232,7 +231,6 @@ class VLLMBackend(Backend):
 
 def _load_chat_tokenizer(model_path: str):
     """The tokenizer whose chat template renders prompts (the processor's template as fallback)."""
-    set_offline_env()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
