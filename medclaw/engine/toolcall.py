@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 THOUGHT_MAX_CHARS = 400          # a short rationale; long reasoning belongs in <think> (not here)
 STRING_MAX_CHARS = 256           # default cap for tool string arguments without maxLength
 ARRAY_MAX_ITEMS = 16             # default cap for arrays without maxItems
+MAX_OBJECT_STARTS = 64           # parser: candidate `{` positions tried before giving up
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?")
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)   # closed blocks only: an unclosed
@@ -128,15 +129,21 @@ _DECODER = json.JSONDecoder(strict=False)
 def _object_at(text: str, start: int) -> dict | None:
     try:
         value, _ = _DECODER.raw_decode(text, start)
-    except ValueError:
+    except (ValueError, RecursionError):          # RecursionError: absurdly nested garbage
         return None
     return value if isinstance(value, dict) else None
 
 
 def _first_json_object(text: str) -> dict | None:
-    """The first `{...}` in `text` that decodes to a JSON object, or None."""
+    """The first `{...}` in `text` that decodes to a JSON object, or None.
+
+    At most `MAX_OBJECT_STARTS` candidate braces are tried, so pathological output (thousands of
+    nested openers) costs bounded time.
+    """
     start = text.find("{")
-    while start >= 0:
+    for _ in range(MAX_OBJECT_STARTS):
+        if start < 0:
+            break
         if (value := _object_at(text, start)) is not None:
             return value
         start = text.find("{", start + 1)
@@ -165,10 +172,10 @@ def _normalise(obj: dict) -> tuple[str | None, object, str]:
     """(tool name, args, thought) from any of the accepted call shapes."""
     if isinstance(obj.get("function"), dict):               # OpenAI tool_calls entry
         inner = obj["function"]
-        return inner.get("name"), inner.get("arguments", {}), str(obj.get("thought", ""))
+        return inner.get("name"), inner.get("arguments", {}), str(obj.get("thought") or "")
     name = obj.get("tool", obj.get("name"))
     args = obj.get("args", obj.get("arguments", obj.get("parameters", {})))
-    return name, args, str(obj.get("thought", ""))
+    return name, args, str(obj.get("thought") or "")
 
 
 def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
@@ -190,7 +197,7 @@ def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
     if isinstance(args, str):                                # arguments sent as a JSON string
         try:
             args = _DECODER.decode(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return ActionError(f'"args" for {name} is not valid JSON: {args[:200]!r}', raw)
     if args is None:
         args = {}

@@ -136,3 +136,17 @@ def test_render_keeps_order_placeholders_and_uuids(vlm_engine, random_clip):
     assert frames.shape == (6, 56, 56, 3)
     assert metadata == {"fps": 4.0, "frames_indices": list(range(6)), "total_num_frames": 6,
                         "duration": 1.5, "do_sample_frames": False}
+
+
+@engine_test
+async def test_cancelled_request_is_aborted_and_engine_keeps_serving(llm_engine):
+    long_request = Conversation("SYS").add_user("talk").to_request(max_tokens=4000)
+    task = asyncio.create_task(llm_engine.generate_one(long_request))
+    await asyncio.sleep(1.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    result = await llm_engine.generate_one(
+        Conversation("SYS").add_user("again").to_request(max_tokens=3))
+    assert result.num_completion_tokens == 3
+    assert llm_engine._engine.get_num_unfinished_requests() == 0      # the long one was aborted

@@ -103,7 +103,8 @@ def test_parse_errors_are_readable(text, fragment):
 
 
 @pytest.mark.parametrize("junk", ["", "{", "}{", "{{{{", "\x00\x01", '{"tool": null}', "[1, 2]",
-                                  '{"tool": ["crop_video"]}', "<tool_call>", "<think>"])
+                                  '{"tool": ["crop_video"]}', "<tool_call>", "<think>",
+                                  "{" * 100_000, '{"a":' * 50_000])
 def test_parse_never_raises(junk):
     assert isinstance(parse_action(junk, SPECS), ActionError)
 

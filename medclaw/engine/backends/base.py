@@ -3,6 +3,10 @@
 A backend serves one model. `generate` takes a batch of requests and returns one result per request
 in the same order; it is async so that many episodes can await the same engine concurrently and the
 engine (vLLM) batches them. Results always carry token accounting, including cached prompt tokens.
+
+Below the contract: small helpers every real backend shares — forcing offline mode, turning
+GenRequest messages into chat-template input, pairing media parts with their MediaItems, and the
+video metadata for already-sampled frames.
 """
 from __future__ import annotations
 
