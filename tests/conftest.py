@@ -1,14 +1,24 @@
-"""Shared fixtures: tiny checkpoints and a synthetic procedure video, built once per test run.
+"""Shared fixtures: tiny checkpoints, a synthetic procedure video and the real vLLM CPU engines.
 
-Nothing is downloaded: the checkpoints are random-weight models built by `medclaw models make-tiny`
-code, the video by `medclaw video synth` code. Engine fixtures (real vLLM CPU) are session-scoped
-because an engine takes ~40 s to start.
+Nothing is downloaded: the checkpoints are random-weight models built by the `medclaw models
+make-tiny` code, the video by the `medclaw video synth` code. Each test run gets its own
+MEDCLAW_HOME, so the `tiny-cpu` profile resolves to the very checkpoints built here and nothing
+touches the user's cache. Engines are session-scoped — one per tiny model, shared by every
+engine-marked test in every folder — because each takes ~40 s to start on 2 cores.
 """
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
+
+# Before anything reads them: an isolated home and a small CPU KV cache (the tiny models need a
+# few MiB, not vLLM's default fraction of RAM per engine).
+os.environ["MEDCLAW_HOME"] = tempfile.mkdtemp(prefix="medclaw-test-home-")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def _has_cuda() -> bool:
@@ -29,11 +39,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    """Paths of the tiny VLM and tiny text LLM: `.vlm`, `.llm`."""
+def tiny_models():
+    """Paths of the tiny VLM and tiny text LLM (`.vlm`, `.llm`), where `tiny-cpu` looks for them."""
+    from medclaw.models.registry import TINY_SEED
     from medclaw.models.tiny import build_tiny_models
 
-    return build_tiny_models(tmp_path_factory.mktemp("tiny-models"), seed=0)
+    return build_tiny_models(Path(os.environ["MEDCLAW_HOME"]) / "tiny", seed=TINY_SEED)
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +54,41 @@ def synth_video(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("videos") / "procedure.mp4"
     return synthesize(out, minutes=1.0, seed=0, width=320, height=180, fps=25)
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_specs(tiny_models):
+    """role → ModelSpec of the `tiny-cpu` profile, exactly as `medclaw ask` resolves it."""
+    from medclaw.models.registry import load_models
+
+    return load_models(profile="tiny-cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_spec(tiny_cpu_specs):
+    return tiny_cpu_specs["video_expert"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_spec(tiny_cpu_specs):
+    return tiny_cpu_specs["orchestrator"]
+
+
+@pytest.fixture(scope="session")
+def vlm_engine(tiny_vlm_spec):
+    """The shared in-process vLLM engine serving the tiny VLM (video expert, frame verifier)."""
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+
+    backend = VLLMBackend(tiny_vlm_spec)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="session")
+def llm_engine(tiny_llm_spec):
+    """The shared in-process vLLM engine serving the tiny text LLM (orchestrator, judge)."""
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+
+    backend = VLLMBackend(tiny_llm_spec)
+    yield backend
+    backend.shutdown()

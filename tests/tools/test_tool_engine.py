@@ -8,8 +8,6 @@ that image media built by the tools go through the real processor.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from medclaw.engine.backends.base import Backend
@@ -17,7 +15,6 @@ from medclaw.tools.base import ToolContext
 from medclaw.tools.registry import default_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 P = 28 * 28
 BLOCK = 32          # vllm_local.CPU_BLOCK_SIZE: prefix caching reuses whole blocks only
@@ -41,18 +38,6 @@ class ReplaceText(Backend):
         return results
 
 
-@pytest.fixture(scope="session")
-def tools_vlm_engine(tiny_models):
-    from medclaw.engine.backends.vllm_local import VLLMBackend
-    from medclaw.models.spec import ModelSpec
-
-    spec = ModelSpec(name="tiny-vlm", path=str(tiny_models.vlm), max_model_len=8192,
-                     gpu_memory_utilization=0.15, extra={"max_num_seqs": 16})
-    backend = VLLMBackend(spec)
-    yield backend
-    backend.shutdown()
-
-
 @pytest.fixture(scope="module")
 def video(synth_video):
     from medclaw.kernels.probe import probe_video
@@ -71,10 +56,10 @@ def make_ctx(video, backend, engine):
                        specs={"video_expert": spec, "frame_verifier": spec}, frames=FrameSource())
 
 
-async def test_stage2_and_second_question_hit_the_prefix_cache(tools_vlm_engine, video):
+async def test_stage2_and_second_question_hit_the_prefix_cache(vlm_engine, video):
     registry = default_registry()
-    first = ReplaceText(tools_vlm_engine, [STAGE1, "WINDOW: [00:22-00:26]"])
-    obs = await registry.run(make_ctx(video, first, tools_vlm_engine), "view_full_video",
+    first = ReplaceText(vlm_engine, [STAGE1, "WINDOW: [00:22-00:26]"])
+    obs = await registry.run(make_ctx(video, first, vlm_engine), "view_full_video",
                              {"query": "when is the vessel clipped?"})
     assert obs.error is None, obs.error
     stage1, stage2 = first.results
@@ -83,8 +68,8 @@ async def test_stage2_and_second_question_hit_the_prefix_cache(tools_vlm_engine,
     assert stage2.num_prompt_tokens > stage1.num_prompt_tokens
     assert stage2.num_cached_tokens >= stage1.num_prompt_tokens - BLOCK, (stage1, stage2)
 
-    second = ReplaceText(tools_vlm_engine, [STAGE1, "WINDOW: [00:22-00:26]"])
-    await registry.run(make_ctx(video, second, tools_vlm_engine), "view_full_video",
+    second = ReplaceText(vlm_engine, [STAGE1, "WINDOW: [00:22-00:26]"])
+    await registry.run(make_ctx(video, second, vlm_engine), "view_full_video",
                        {"query": "is there any bleeding?"})
     again = second.results[0]
     print(f"\nstage1 prompt {stage1.num_prompt_tokens} cached {stage1.num_cached_tokens}; "
@@ -94,9 +79,9 @@ async def test_stage2_and_second_question_hit_the_prefix_cache(tools_vlm_engine,
     assert again.num_cached_tokens >= again.num_prompt_tokens - 2 * BLOCK, again
 
 
-async def test_frame_tools_run_on_the_engine(tools_vlm_engine, video):
-    backend = ReplaceText(tools_vlm_engine, [])
-    ctx = make_ctx(video, backend, tools_vlm_engine)
+async def test_frame_tools_run_on_the_engine(vlm_engine, video):
+    backend = ReplaceText(vlm_engine, [])
+    ctx = make_ctx(video, backend, vlm_engine)
     registry = default_registry()
     for name, args in [("select_video_frame", {"time_s": 12.0, "query": "what is visible?"}),
                        ("crop_video_frame", {"time_s": 12.0, "x1": 0.1, "y1": 0.2, "x2": 0.6,
