@@ -50,21 +50,6 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skills", metavar="DIR", help="skill library folder (default: shipped)")
 
 
-def parse_model_overrides(values: list[str]) -> dict[str, str]:
-    from medclaw.errors import ConfigError
-    from medclaw.models.spec import ROLES
-
-    overrides = {}
-    for value in values:
-        role, sep, target = value.partition("=")
-        if not sep or not role or not target:
-            raise ConfigError(f"--model expects ROLE=PATH, got {value!r}")
-        if role not in ROLES:
-            raise ConfigError(f"--model: unknown role {role!r}; roles: {', '.join(ROLES)}")
-        overrides[role] = target
-    return overrides
-
-
 def read_batch(path: str) -> list:
     """Parse a batch JSONL file into `BatchItem`s; a malformed line is a one-line ConfigError."""
     from pathlib import Path
@@ -124,9 +109,10 @@ def _handle(args) -> int:
             bad[video] = str(err)
     # 2. models, KB, skills — resolved and checked; no engine starts here.
     from medclaw.engine.runtime import open_runtime
+    from medclaw.models.registry import parse_overrides
 
     runtime = open_runtime(profile=args.profile, config_path=args.config,
-                           overrides=parse_model_overrides(args.model), kb_dir=args.kb,
+                           overrides=parse_overrides(args.model), kb_dir=args.kb,
                            skills_dir=args.skills)
     import asyncio
 

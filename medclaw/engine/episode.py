@@ -265,20 +265,13 @@ def generation_schema(tool_specs: list[dict], config: EpisodeConfig, duration_s:
     the video's duration as maximum, and free strings / arrays the config's caps. Only generation
     is tightened; parsed arguments are still validated against each tool's own schema.
     """
-    from medclaw.engine.toolcall import action_schema
+    from medclaw.engine.toolcall import action_schema, schema_node_types, visit_schema
     from medclaw.tools.schema import MAX_TIME_S
 
     schema = action_schema(tool_specs, thought_max_chars=config.thought_max_chars)
 
-    def walk(node) -> None:
-        if isinstance(node, list):
-            for item in node:
-                walk(item)
-            return
-        if not isinstance(node, dict):
-            return
-        kinds = node.get("type")
-        kinds = set(kinds) if isinstance(kinds, list) else {kinds} if isinstance(kinds, str) else set()
+    def tighten(node: dict) -> None:
+        kinds = schema_node_types(node)
         if kinds & {"number", "integer"} and node.get("maximum") == MAX_TIME_S:
             node["maximum"] = round(float(duration_s), 3)
         if "string" in kinds and config.max_string_chars and "maxLength" in node:
@@ -287,14 +280,8 @@ def generation_schema(tool_specs: list[dict], config: EpisodeConfig, duration_s:
         if "array" in kinds and config.max_array_items and "maxItems" in node:
             node["maxItems"] = min(node["maxItems"], config.max_array_items)
             node["minItems"] = min(node.get("minItems", 0), node["maxItems"])
-        for key in ("properties", "$defs", "definitions"):      # maps of name → schema
-            for sub in (node.get(key) or {}).values():
-                walk(sub)
-        for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems"):
-            if key in node:
-                walk(node[key])
 
-    walk(schema)
+    visit_schema(schema, tighten)
     return schema
 
 

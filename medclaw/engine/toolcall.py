@@ -56,33 +56,43 @@ class ActionError:
 
 # ---------------------------------------------------------------------------------------- schema
 
+def schema_node_types(node: dict) -> set[str]:
+    """The JSON types a schema node allows (`"type"` may be a string or a list)."""
+    kinds = node.get("type")
+    return set(kinds) if isinstance(kinds, list) else {kinds} if isinstance(kinds, str) else set()
+
+
+def visit_schema(node, visit) -> None:
+    """Call `visit(subschema)` on every schema node below `node`, parents first (in place)."""
+    if isinstance(node, list):
+        for item in node:
+            visit_schema(item, visit)
+        return
+    if not isinstance(node, dict):
+        return
+    visit(node)
+    for key in ("properties", "$defs", "definitions"):          # maps of name → schema
+        for sub in (node.get(key) or {}).values():
+            visit_schema(sub, visit)
+    for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "not"):
+        if key in node:
+            visit_schema(node[key], visit)
+
+
 def _bounded(schema: dict) -> dict:
     """A copy of a JSON schema with free strings, arrays and objects given finite bounds."""
     out = copy.deepcopy(schema)
 
-    def walk(node):
-        if isinstance(node, list):
-            for item in node:
-                walk(item)
-            return
-        if not isinstance(node, dict):
-            return
-        kinds = node.get("type")
-        kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+    def bound(node: dict) -> None:
+        kinds = schema_node_types(node)
         if "string" in kinds and "enum" not in node and "const" not in node and "pattern" not in node:
             node.setdefault("maxLength", STRING_MAX_CHARS)
         if "array" in kinds:
             node.setdefault("maxItems", ARRAY_MAX_ITEMS)
         if "object" in kinds and "properties" in node:
             node.setdefault("additionalProperties", False)
-        for key in ("properties", "$defs", "definitions"):
-            for sub in (node.get(key) or {}).values():
-                walk(sub)
-        for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "not"):
-            if key in node:
-                walk(node[key])
 
-    walk(out)
+    visit_schema(out, bound)
     return out
 
 

@@ -205,7 +205,8 @@ def _apply(cat: Catalog, defaults: dict, current: dict, entry, base_dir: Path, w
     if preset is not None:
         if preset not in cat.presets:
             raise ConfigError(f"{where}: unknown preset {preset!r}; known: {sorted(cat.presets)}")
-        current = _preset_fields(cat, defaults, preset, where)
+        # the profile's defaults are those of the backend the role ends up on, not the preset's
+        current = _preset_fields(cat, defaults, preset, where, backend=entry.get("backend"))
     if "path" in entry:
         folder = (base_dir / Path(str(entry.pop("path"))).expanduser()).resolve()
         # `{preset: X, path: P}` = preset X's weights at P; a bare `{path: P}` = whatever P holds
@@ -214,11 +215,13 @@ def _apply(cat: Catalog, defaults: dict, current: dict, entry, base_dir: Path, w
     return _merge(current, entry)
 
 
-def _preset_fields(cat: Catalog, defaults: dict, name: str, where: str) -> dict:
-    """A preset's fields with the profile's defaults for its backend on top: those describe the
-    hardware (e.g. CPU memory limits), so they win over the preset's own values."""
+def _preset_fields(cat: Catalog, defaults: dict, name: str, where: str,
+                   backend: str | None = None) -> dict:
+    """A preset's fields with the profile's defaults for its backend (or for `backend`, when the
+    entry moves the preset to another one) on top: those describe the hardware (e.g. CPU memory
+    limits), so they win over the preset's own values."""
     fields = {"name": name, **cat.presets[name]}
-    return _merge(fields, defaults.get(fields.get("backend", "vllm")) or {})
+    return _merge(fields, defaults.get(backend or fields.get("backend", "vllm")) or {})
 
 
 def _reference_folder(ref: str, base_dir: Path, where: str, cat: Catalog) -> Path:

@@ -74,7 +74,7 @@ def test_corrupt_video_fails_fast(medclaw, no_engines, tmp_path, synth_video, ca
     (["ask", "v.mp4"], "usage"),
     (["ask", "v.mp4", "q", "--batch", "b.jsonl"], "not both"),
     (["ask", "--batch", "missing.jsonl"], "batch file not found"),
-    (["ask", "v.mp4", "q", "--model", "orchestrator"], "ROLE=PATH"),
+    (["ask", "v.mp4", "q", "--model", "orchestrator"], "ROLE=PRESET_OR_PATH"),
     (["ask", "v.mp4", "q", "--max-steps", "0"], "max_steps"),
 ])
 def test_bad_arguments_are_one_line_errors(medclaw, no_engines, argv, message, capsys, synth_video):
