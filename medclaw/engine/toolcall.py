@@ -188,6 +188,23 @@ def _normalise(obj: dict) -> tuple[str | None, object, str]:
     return name, args, str(obj.get("thought") or "")
 
 
+def _without_replacement_chars(value):
+    """Drop U+FFFD from every string in `value`.
+
+    The grammar bounds strings in *characters*, but a byte-level tokenizer can emit a token whose
+    bytes are half of a multi-byte character; the detokenizer then writes one or more U+FFFD for
+    it, and a string the grammar kept within maxLength comes back longer. U+FFFD never carries
+    meaning in a tool argument, so it is removed before validation.
+    """
+    if isinstance(value, str):
+        return value.replace("\ufffd", "")
+    if isinstance(value, list):
+        return [_without_replacement_chars(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _without_replacement_chars(item) for key, item in value.items()}
+    return value
+
+
 def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
     """Parse one tool call from model output; never raises on what the model wrote."""
     from jsonschema import Draft202012Validator
@@ -214,6 +231,7 @@ def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
     if not isinstance(args, dict):
         return ActionError(f'"args" for {name} must be a JSON object, got {type(args).__name__}', raw)
 
+    args = _without_replacement_chars(args)
     schema = specs[name].get("parameters") or {"type": "object"}
     errors = sorted(Draft202012Validator(schema).iter_errors(args), key=lambda e: list(e.path))
     if errors:

@@ -118,3 +118,15 @@ def test_describe_tools_is_stable_and_complete():
     text = describe_tools(SPECS)
     assert text == describe_tools(json.loads(json.dumps(SPECS)))
     assert "crop_video" in text and "final_answer" in text and '"maximum":3600' in text
+
+
+def test_replacement_chars_from_split_bytes_do_not_break_length_bounds():
+    # A byte-level tokenizer can split a multi-byte character across tokens; the detokenizer then
+    # writes U+FFFD, so a string the grammar kept within maxLength comes back longer.
+    specs = [{"name": "look", "description": "", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "maxLength": 4}},
+        "required": ["q"], "additionalProperties": False}}]
+    action = parse_action('{"thought": "", "tool": "look", "args": {"q": "ab\ufffd\ufffd\ufffdcd"}}', specs)
+    assert isinstance(action, Action) and action.args == {"q": "abcd"}
+    too_long = parse_action('{"thought": "", "tool": "look", "args": {"q": "abcde"}}', specs)
+    assert isinstance(too_long, ActionError) and "too long" in too_long.message

@@ -10,12 +10,16 @@ Contract:
   as arrays. Text models load with `AutoModelForCausalLM`.
 - `generate` is awaitable from any event loop; generation runs on one dedicated worker thread
   (transformers' `generate` is not safe to run concurrently on one model), one request at a time.
-- No constrained decoding (`supports_json_schema = False`: callers use the tolerant parser) and
-  no prefix cache (`num_cached_tokens = 0`). Output is split per `spec.output_format`.
+- `GenRequest.json_schema` is enforced with xgrammar's transformers logits processor (compact
+  JSON, no free whitespace, as in the vLLM backend) when the `xgrammar` package is installed
+  (it comes with vLLM); without it `supports_json_schema` is False and callers use the tolerant
+  parser. Compiled grammars are cached per schema (one episode reuses a few schemas every step).
+- No prefix cache (`num_cached_tokens = 0`). Output is split per `spec.output_format`.
 """
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,8 +63,11 @@ def _bnb_config(spec: ModelSpec):
     return BitsAndBytesConfig(**options)
 
 
+GRAMMAR_CACHE_SIZE = 16      # compiled schemas kept per backend
+
+
 class TransformersBackend(Backend):
-    supports_json_schema = False
+    supports_json_schema = False     # per instance: True when xgrammar is installed
     supports_media = True
 
     def __init__(self, spec: ModelSpec):
@@ -84,8 +91,32 @@ class TransformersBackend(Backend):
         self.model = model_class.from_pretrained(spec.path, **load_kwargs).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
         self.processor = AutoProcessor.from_pretrained(spec.path) if self.is_multimodal else None
+        self.supports_json_schema = importlib.util.find_spec("xgrammar") is not None
+        self._compiler = None                          # xgrammar GrammarCompiler, built on first use
+        self._grammars: dict[str, object] = {}         # schema JSON → CompiledGrammar
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hf-{spec.name}")
         self._closed = False
+
+    def _grammar_processor(self, schema: dict):
+        """A fresh xgrammar logits processor for `schema` (one per generate call: it is stateful).
+        Runs on the worker thread only, so the compiler and cache need no lock."""
+        import xgrammar as xgr
+        from xgrammar.contrib.hf import LogitsProcessor
+
+        if self._compiler is None:
+            # the output embedding's rows, not len(tokenizer): checkpoints pad the vocabulary
+            vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size)
+            self._compiler = xgr.GrammarCompiler(info)
+        key = json.dumps(schema)               # key order matters: it is the output order
+        compiled = self._grammars.get(key)
+        if compiled is None:
+            # any_whitespace=False: random or weak models otherwise fill whitespace to max_tokens
+            compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
+            if len(self._grammars) >= GRAMMAR_CACHE_SIZE:
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[key] = compiled
+        return LogitsProcessor(compiled), list(compiled.tokenizer_info.stop_token_ids)
 
     def _render(self, request: GenRequest) -> str:
         owner = self.processor if self.processor is not None and \
@@ -124,12 +155,21 @@ class TransformersBackend(Backend):
             if request.seed is not None:
                 torch.manual_seed(request.seed)
         eos = self.tokenizer.eos_token_id
+        stop_ids = _eos_ids(self.model, eos)
+        if request.json_schema is not None:
+            if not self.supports_json_schema:
+                raise ValueError(f"model {self.model_name!r}: json_schema needs the xgrammar package")
+            processor, grammar_stops = self._grammar_processor(request.json_schema)
+            # stop where the grammar ends: its stop tokens must end generation too
+            stop_ids |= set(grammar_stops)
+            sampling.update(logits_processor=[processor], eos_token_id=sorted(stop_ids))
+        pad = self.tokenizer.pad_token_id
         with torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=request.max_tokens,
-                                         pad_token_id=self.tokenizer.pad_token_id or eos, **sampling)
+                                         pad_token_id=eos if pad is None else pad, **sampling)
         prompt_len = int(inputs["input_ids"].shape[1])
         new_ids = output[0, prompt_len:].tolist()
-        stopped = bool(new_ids) and new_ids[-1] in _eos_ids(self.model, eos)
+        stopped = bool(new_ids) and new_ids[-1] in stop_ids
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         split = split_output(text, self.spec.output_format)
         return GenResult(
