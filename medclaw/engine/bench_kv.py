@@ -170,11 +170,7 @@ def bench_tool_specs() -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from tqdm import tqdm
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")     # keep the progress bar readable
 
     from medclaw.engine.backends.vllm_local import VLLMBackend
     from medclaw.models.registry import DEFAULT_PROFILE, load_models

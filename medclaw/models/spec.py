@@ -35,6 +35,7 @@ class ModelSpec:
     tool_call_format: str = "json_schema"
     output_format: str = "plain"
     endpoints: list[str] = field(default_factory=list)   # remote backend: OpenAI-compatible base URLs
+    chat_template_kwargs: dict = field(default_factory=dict)  # e.g. Qwen3 {enable_thinking: false}
     extra: dict = field(default_factory=dict)             # backend-specific engine arguments
 
     def __post_init__(self) -> None:

@@ -122,7 +122,8 @@ class TransformersBackend(Backend):
         owner = self.processor if self.processor is not None and \
             getattr(self.processor, "chat_template", None) else self.tokenizer
         return owner.apply_chat_template(template_messages(request.messages), tokenize=False,
-                                         add_generation_prompt=True)
+                                         add_generation_prompt=True,
+                                         **self.spec.chat_template_kwargs)
 
     def _inputs(self, request: GenRequest):
         text = self._render(request)

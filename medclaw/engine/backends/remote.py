@@ -105,6 +105,7 @@ class RemoteBackend(Backend):
         self.timeout_s = float(spec.extra.get("timeout_s", DEFAULT_TIMEOUT_S))
         self.jpeg_quality = int(spec.extra.get("jpeg_quality", DEFAULT_JPEG_QUALITY))
         self.per_request_video_fps = bool(spec.extra.get("per_request_video_fps", False))
+        self.chat_template_kwargs = dict(spec.chat_template_kwargs)
         self.model_revision = _revision(spec.path)
         self._in_flight = [0] * len(self.endpoints)
         self._turn = itertools.count()
@@ -154,6 +155,8 @@ class RemoteBackend(Backend):
         if request.json_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "output", "schema": request.json_schema, "strict": True}}
+        if self.chat_template_kwargs:     # vLLM's server passes these to the chat template
+            body["chat_template_kwargs"] = self.chat_template_kwargs
         if video_fps is not None and self.per_request_video_fps:
             body["media_io_kwargs"] = {"video": {"fps": video_fps}}
         return body

@@ -102,6 +102,9 @@ class VLLMBackend(Backend):
         # vLLM logs to stdout by default; stdout is reserved for results (JSON) in medclaw. Set
         # before vLLM is imported (its logger is configured at import); worker processes inherit it.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        # vLLM's INFO lines (hundreds per engine start) drown the progress display; warnings and
+        # errors still show. `VLLM_LOGGING_LEVEL=INFO medclaw …` brings them back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         self.spec = spec
         self.model_name = spec.name
         self.model_revision = revision_hash(spec.path)
@@ -163,7 +166,8 @@ class VLLMBackend(Backend):
     def render(self, request: GenRequest) -> dict:
         """The vLLM prompt dict for `request`: text with placeholders, media data and uuids."""
         text = self._tokenizer.apply_chat_template(
-            template_messages(request.messages), tokenize=False, add_generation_prompt=True)
+            template_messages(request.messages), tokenize=False, add_generation_prompt=True,
+            **self.spec.chat_template_kwargs)
         prompt: dict = {"prompt": text}
         data: dict[str, list] = {}
         uuids: dict[str, list] = {}
