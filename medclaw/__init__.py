@@ -7,9 +7,10 @@ any of them is imported. Model references are local folders only (see `medclaw.m
 import os as _os
 
 # Set before transformers / huggingface_hub / vLLM are imported anywhere in this process (they read
-# these at import time). `setdefault` keeps an explicit user choice, except that we never allow
-# usage stats to be sent: a hospital deployment must not talk to the outside world.
-_OFFLINE_ENV = {
+# these at import time). Overwritten, not `setdefault`: a hospital deployment must not talk to the
+# outside world whatever the environment says. (Tokenizer threads are off so that forked engine
+# workers do not deadlock or warn.)
+OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -19,7 +20,7 @@ _OFFLINE_ENV = {
     "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
-for _key, _value in _OFFLINE_ENV.items():
+for _key, _value in OFFLINE_ENV.items():
     _os.environ[_key] = _value
 
 __version__ = "0.1.0"

@@ -37,21 +37,21 @@ class Backend(abc.ABC):
 
 # ------------------------------------------------------------------ helpers shared by backends
 
-OFFLINE_ENV = {
-    # Nothing leaves the machine: no hub lookups, no usage statistics, no telemetry.
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-}
-
-
 def set_offline_env() -> None:
-    """Force offline mode before vLLM / transformers are imported (user settings cannot undo it)."""
+    """Force offline mode before vLLM / transformers are imported (user settings cannot undo it),
+    and silence one harmless warning.
+
+    Frames come from the shared frame cache as read-only arrays (no copy per request); the
+    multimodal processors only read them, but torch warns once that it "does not support
+    non-writable tensors".
+    """
     import os
+    import warnings
+
+    from medclaw import OFFLINE_ENV
 
     os.environ.update(OFFLINE_ENV)
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
