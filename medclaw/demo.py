@@ -34,8 +34,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _handle(args) -> int:
     import asyncio
+    import os
     import time
     from pathlib import Path
+
+    # The demo is a show of the pipeline: vLLM's CPU-platform warnings (no Triton, no tcmalloc, …)
+    # would bury it. `VLLM_LOGGING_LEVEL=WARNING medclaw demo` brings them back.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
     from rich.console import Console
 
