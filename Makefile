@@ -59,7 +59,7 @@ test-fast: install
 bench: install
 	mkdir -p artifacts
 	$(VENV)/bin/medclaw video synth artifacts/bench-10min.mp4 --minutes 10 --width 640 --height 360 --fps 25
-	$(VENV)/bin/medclaw bench decode artifacts/bench-10min.mp4 --json > artifacts/bench-decode.json
+	$(VENV)/bin/medclaw bench decode artifacts/bench-10min.mp4 --json --repeat 3 > artifacts/bench-decode.json
 	$(VENV)/bin/medclaw bench kv --json > artifacts/bench-kv.json
 	cat artifacts/bench-decode.json artifacts/bench-kv.json
 

@@ -20,7 +20,7 @@ from medclaw.errors import MedClawError
 COMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("medclaw.engine.ask_cli:register", "answer a question about a video (the agent)"),
     "models": ("medclaw.models.cli:register", "list presets, build tiny checkpoints, import weights"),
-    "video": ("medclaw.kernels.cli:register", "synthesise, probe and decode videos"),
+    "video": ("medclaw.kernels.cli:register", "synthesise and probe videos"),
     "kb": ("medclaw.kb.cli:register", "build and search the local surgical knowledge base"),
     "trace": ("medclaw.engine.trace_cli:register", "show an episode trace"),
     "bench": ("medclaw.bench_cli:register", "benchmarks: decode, kv (JSON output)"),

@@ -153,9 +153,9 @@ class _Episode:
             if step.error is None and step.data.get("is_final"):
                 return "answered"
             failures = failures + 1 if step.error else 0
-            turn = format_observation(step.index, step.tool, _obs_of(step), self.budget.warning())
             if step.orchestrator_call is None:       # cancelled: no reply to attach the turn to
                 continue
+            turn = format_observation(step.index, step.tool, _obs_of(step), self.budget.warning())
             self.conversation.add_user(turn)
             self.budget.context_tokens = _next_prompt_tokens(step.orchestrator_call, turn)
 

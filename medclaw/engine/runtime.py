@@ -173,16 +173,24 @@ class Runtime:
     async def close(self) -> None:
         """Close every backend this runtime built (each shared instance once). Safe to call twice.
 
-        Backends passed in via `backends=` belong to the caller and are left running.
+        Backends passed in via `backends=` belong to the caller and are left running. One
+        backend failing to close does not leave the others running: the first error is re-raised
+        after every backend (and the frame source) had its turn.
         """
         if self.closed:
             return
         self.closed = True
+        errors = []
         for backend in self._by_key.values():
-            await backend.close()
+            try:
+                await backend.close()
+            except Exception as err:     # noqa: BLE001 — close the rest first, then report
+                errors.append(err)
         close_frames = getattr(self._frames, "close", None)
         if callable(close_frames):
             close_frames()
+        if errors:
+            raise errors[0]
 
     async def __aenter__(self) -> "Runtime":
         return self

@@ -86,7 +86,10 @@ class Trace:
         if not path.is_file():
             raise MedClawError(f"trace file not found: {path}")
         header, steps, footer = None, [], None
-        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise MedClawError(f"{path}: not UTF-8 text; is this a medclaw trace?") from None
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -97,6 +100,8 @@ class Trace:
                 if number == len(lines):
                     break
                 raise MedClawError(f"{path}:{number}: not a JSON line; is this a medclaw trace?") from None
+            if not isinstance(row, dict):
+                raise MedClawError(f"{path}:{number}: not a JSON object; is this a medclaw trace?")
             kind = row.get("type")
             if kind == "header":
                 header = row
@@ -150,8 +155,13 @@ class TraceWriter:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")
+        except OSError as err:         # a bad --trace-dir is the user's input, not our bug
+            from medclaw.errors import ConfigError
+
+            raise ConfigError(f"cannot write trace {self.path}: {err.strerror or err}") from None
         self.closed = False
 
     def write(self, record: dict) -> None:

@@ -105,7 +105,7 @@ def render(trace, console) -> None:
         f"{all_models.get('cached_tokens', 0)} cached "
         f"(hit rate {100 * totals.get('cached_hit_rate', 0):.1f}%), wall {totals.get('wall_s', 0):.1f} s")
     if footer.get("error"):
-        console.print(f"[red]{footer['error']}[/]", markup=False)
+        console.print(Text(str(footer["error"]), style="red"))
 
 
 def _short(text: str, limit: int) -> str:

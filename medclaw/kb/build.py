@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from medclaw.kb.errors import KnowledgeBaseError
 from medclaw.kb.passages import ChunkConfig, corpus_sha256, read_corpus
 
 FORMAT_VERSION = 1
@@ -69,6 +70,11 @@ def build_index(corpus_dir: str | os.PathLike | None, out_dir: str | os.PathLike
     root = Path(corpus_dir).expanduser() if corpus_dir is not None else shipped_corpus_dir()
     chunking = chunking or ChunkConfig()
     passages, files = read_corpus(root, chunking)        # errors on a missing/empty corpus first
+    out = Path(out_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # before the slow part; e.g. --out names an existing file, or no permission
+        raise KnowledgeBaseError(f"cannot create index folder {out}: {err.strerror}") from None
     enc = get_encoder(encoder)
 
     embed_started = time.perf_counter()
@@ -80,8 +86,6 @@ def build_index(corpus_dir: str | os.PathLike | None, out_dir: str | os.PathLike
     index = faiss.IndexFlatIP(enc.dim)
     index.add(vectors)
 
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)         # incomplete until the manifest is back
     faiss.write_index(index, str(out / INDEX_FILE))
     with open(out / PASSAGES_FILE, "w", encoding="utf-8") as fh:

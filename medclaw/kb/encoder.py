@@ -7,8 +7,9 @@ Contract
 - `get_encoder(path)` returns one `Encoder` per resolved path per process: loading costs seconds
   (torch + transformers import, weights), so the build, the CLI and every episode's
   `search_surgical_kb` call share it.
-- Nothing is downloaded: the hub is forced offline before sentence-transformers is imported, and a
-  path that is not a local model folder raises `EncoderNotFoundError` (one line).
+- Nothing is downloaded: importing `medclaw` (the parent package, always imported first) forces the
+  hub offline, the model is loaded with `local_files_only=True`, and a path that is not a local
+  model folder raises `EncoderNotFoundError` (one line).
 - `Encoder.encode(texts)` returns `(N, dim)` float32 rows of unit length, so inner product is cosine.
   With many texts it shows a progress bar on stderr.
 
@@ -67,20 +68,12 @@ def encoder_name(folder: Path) -> str:
     return folder.name
 
 
-def _force_offline() -> None:
-    # Must happen before transformers / huggingface_hub are imported: they read it once.
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        os.environ.setdefault(var, "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-
-
 class Encoder:
     """A loaded sentence-transformers model. Use `get_encoder` rather than building one directly."""
 
     __slots__ = ("path", "name", "dim", "device", "_model", "_lock")
 
     def __init__(self, path: Path, device: str | None = None) -> None:
-        _force_offline()
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from statistics import median
 import subprocess
 import sys
 import time
@@ -191,11 +192,6 @@ def _ffmpeg_seconds(video: str, start: float, end: float, full: bool) -> float:
     return time.perf_counter() - t0
 
 
-def _median(values):
-    values = sorted(values)
-    return values[len(values) // 2]
-
-
 def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
                   baseline: bool = True, progress: bool = True) -> dict:
     import shutil
@@ -210,6 +206,11 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
     if shutil.which("ffmpeg") is None:
         raise ConfigError("the ffmpeg binary is needed for the speed limit "
                           "(apt-get install ffmpeg)")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda needs a CUDA GPU, and torch sees none here")
     check = has_ground_truth(video)
     sides = ("ours", "baseline") if baseline else ("ours",)
     steps = len(cases) * repeat * (len(sides) + 1)
@@ -233,8 +234,8 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
             ffmpeg.append(_ffmpeg_seconds(str(video), start, end, full))
             bar and bar.update()
         ours = runs["ours"][0]
-        ours_s = _median([r["seconds"] for r in runs["ours"]])
-        ffmpeg_s = _median(ffmpeg)
+        ours_s = median(r["seconds"] for r in runs["ours"])
+        ffmpeg_s = median(ffmpeg)
         row = {
             "ours_s": round(ours_s, 3), "baseline_s": None, "speedup": None,
             "ffmpeg_all_s": round(ffmpeg_s, 3), "ratio_to_ffmpeg": round(ours_s / ffmpeg_s, 3),
@@ -246,7 +247,7 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
             row["ours_gpu_peak_mb"] = max(r["gpu_peak_mb"] for r in runs["ours"])
         if baseline:
             base = runs["baseline"][0]
-            base_s = _median([r["seconds"] for r in runs["baseline"]])
+            base_s = median(r["seconds"] for r in runs["baseline"])
             row.update({
                 "baseline_s": round(base_s, 3), "speedup": round(base_s / ours_s, 2),
                 "baseline_peak_mb": max(r["peak_mb"] for r in runs["baseline"]),

@@ -93,11 +93,12 @@ class FrameCache:
 
     def put_batch(self, keys, frames, storage_nbytes: int) -> None:
         """Store frames that are views into one storage of `storage_nbytes` bytes."""
-        if storage_nbytes > self.capacity_bytes or not keys:
+        entries = dict(zip(keys, frames))     # a key given twice keeps its last frame, like put
+        if storage_nbytes > self.capacity_bytes or not entries:
             return
         storage = _Storage(int(storage_nbytes))
         with self._lock:
-            for key, frame in zip(keys, frames):
+            for key, frame in entries.items():
                 self._drop(key)
                 self._frames[key] = (frame, storage)
                 storage.live += 1

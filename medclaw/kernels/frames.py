@@ -37,6 +37,7 @@ class FrameSource:
                  timeout_s: float = 120.0, *, num_threads: int = 2, chunk: int = 32,
                  interpolation: str = "bicubic") -> None:
         from medclaw.kernels.decoders import DECODERS, device_kind
+        from medclaw.kernels.ops import INTERPOLATIONS
 
         device_kind(device)
         if decoder != "auto" and decoder not in DECODERS:
@@ -48,6 +49,9 @@ class FrameSource:
             raise ConfigError(f"cache_mb must be >= 0, got {cache_mb}")
         if num_threads < 1 or chunk < 1:
             raise ConfigError(f"num_threads and chunk must be >= 1, got {num_threads}, {chunk}")
+        if interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"unknown interpolation {interpolation!r}: choose from "
+                              f"{', '.join(INTERPOLATIONS)}")
         self.device = device
         self.decoder_name = decoder
         self.timeout_s = float(timeout_s)
@@ -149,11 +153,12 @@ class FrameSource:
             return self._video_locks.setdefault(sha256, threading.Lock())
 
     def _get_decoder(self):
-        if self._decoder is None:
-            from medclaw.kernels.decoders import make_decoder
+        with self._guard:              # requests for different videos may arrive together
+            if self._decoder is None:
+                from medclaw.kernels.decoders import make_decoder
 
-            self._decoder = make_decoder(self.decoder_name, self.device)
-        return self._decoder
+                self._decoder = make_decoder(self.decoder_name, self.device)
+            return self._decoder
 
     def _decode(self, info, missing, width, height, crop_px, deadline):
         """Decode `missing` in a worker thread; DecodeTimeoutError past the deadline."""

@@ -10,7 +10,7 @@
   by more than 10 % (or 1.5 clock ticks) from their median.
 - `rotation` is the display-matrix angle FFmpeg reports (counter-clockwise degrees, what ffprobe
   prints), normalised to 0/90/180/270; `width`/`height` are the display size, i.e. swapped for
-  90/270. Decoders return the coded (unrotated) frames.
+  90/270. Decoders return frames in this display orientation (`decoders/base.py`).
 - The first frame is decoded (from the first packets, during the same pass), to prove the stream
   decodes and to read the rotation.
 - `sha256` is of the file's bytes, cached by (real path, size, mtime) in memory and in
@@ -29,6 +29,7 @@ Bad input fails fast (tens of milliseconds); PyAV's I/O timeout guards against s
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -324,6 +325,7 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
 
 def _store_disk_cache(real: str, st: os.stat_result, sha: str) -> None:
     path = _cache_file()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _load_disk_cache(path)
@@ -331,8 +333,8 @@ def _store_disk_cache(real: str, st: os.stat_result, sha: str) -> None:
         data[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
         while len(data) > _SHA_CACHE_MAX:            # dicts keep insertion order: drop the oldest
             data.pop(next(iter(data)))
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)                        # atomic: concurrent probes never see half a file
-    except OSError:
-        pass                                         # a read-only home only costs re-hashing
+    except OSError:                                  # a read-only home only costs re-hashing
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)              # e.g. disk full mid-write: leave no litter

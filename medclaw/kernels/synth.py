@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 
+from medclaw.kernels.barcode import MAX_INDEX
 from medclaw.kernels.errors import EncoderError
 from medclaw.kernels.synth_draw import Mask, YUVCanvas, even, scene, sprite
 from medclaw.kernels.synth_truth import (
@@ -79,6 +80,9 @@ def synthesize(out_path, minutes: float, seed: int = 0, width: int = 640, height
         raise ValueError(f"fps must be in [1, 240], got {fps}")
     out = Path(out_path)
     gt = make_ground_truth(minutes, seed=seed, width=width, height=height, fps=fps)
+    if gt.num_frames > MAX_INDEX:     # fail now, not after hours of rendering
+        raise ValueError(f"{gt.num_frames} frames exceed the frame-index barcode's limit of "
+                         f"{MAX_INDEX}; ask for fewer minutes or a lower fps")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f"{out.stem}.partial{out.suffix or '.mp4'}")
     if progress is None:

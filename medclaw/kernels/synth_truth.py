@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import json
+import math
 from pathlib import Path
 
 PHASES = ("preparation", "dissection", "clipping", "cutting", "suturing", "closure")
@@ -137,6 +138,8 @@ def make_ground_truth(minutes: float, seed: int = 0, width: int = 640, height: i
     """The deterministic schedule of a `minutes`-long video (see module docstring)."""
     import numpy as np
 
+    if not math.isfinite(minutes * 60 * fps):
+        raise ValueError(f"minutes and fps must be finite numbers, got {minutes} min at {fps} fps")
     num_frames = int(round(minutes * 60 * fps))
     if num_frames < MIN_SECONDS * fps:
         raise ValueError(f"a synthetic procedure needs at least {MIN_SECONDS:.0f} s, got {minutes} min")

@@ -23,6 +23,7 @@ Tiny checkpoints are built on first use (building is not downloading).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import importlib.util
@@ -37,12 +38,14 @@ from medclaw.models.spec import ROLES, ModelSpec
 DEFAULT_PROFILE = "tiny-cpu"
 PRESETS_FILE = Path(__file__).with_name("presets.yaml")
 SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
+# `hub_id` is documentation for humans: it is accepted in an entry but never used to load anything.
 CATALOG_ONLY_KEYS = frozenset({"source", "hub_id", "description"})
 ENTRY_KEYS = SPEC_FIELDS | CATALOG_ONLY_KEYS | {"preset"}
 MERGED_DICT_FIELDS = frozenset({"extra"})   # merged key by key; every other field is replaced
 # Backends that serve weights from elsewhere: their `path` may be empty or absent.
 PATHLESS_BACKENDS = frozenset({"remote", "fake"})
 TINY_SEED = 0
+TINY_KINDS = ("vlm", "llm")          # the fields of tiny.TinyModels
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +56,9 @@ def _from_store(arg: str, preset: str, build: bool) -> Path:
 
 
 def _from_tiny(arg: str, preset: str, build: bool) -> Path:
+    if arg not in TINY_KINDS:
+        raise ConfigError(f"model {preset!r}: source tiny:{arg} must be one of "
+                          f"{['tiny:' + k for k in TINY_KINDS]}")
     folder = store.medclaw_home() / "tiny"
     if build:
         from medclaw.models.tiny import build_tiny_models
@@ -234,8 +240,8 @@ def _reference_folder(ref: str, base_dir: Path, where: str, cat: Catalog) -> Pat
             stored = None
         if stored is not None and stored.exists():
             return stored
-        raise ConfigError(f"{where}: {ref!r} is neither a preset, an imported model nor a path; "
-                          f"presets: {sorted(cat.presets)}")
+        raise ConfigError(f"{where}: {ref!r} is neither a preset, an imported model nor a path "
+                          f"({store.import_hint(ref)}); presets: {sorted(cat.presets)}")
     folder = (base_dir / Path(ref).expanduser()).resolve()
     store.check_model_folder(folder, folder.name)
     return folder
@@ -274,7 +280,8 @@ def _finish(fields: dict, where: str, build: bool = True) -> ModelSpec:
         fields["path"] = str(SOURCES[scheme](arg, name, build))
     if backend not in PATHLESS_BACKENDS and build:
         store.check_model_folder(fields["path"], name)
-    spec_fields = {k: v for k, v in fields.items() if k in SPEC_FIELDS}
+    # deep copy: dict/list fields may still be the cached catalog's own objects
+    spec_fields = copy.deepcopy({k: v for k, v in fields.items() if k in SPEC_FIELDS})
     try:
         return ModelSpec(**spec_fields)
     except TypeError as err:

@@ -31,7 +31,9 @@ class FinalAnswerTool(Tool):
             raise ToolError("the answer text is empty")
         times = [float(t) for t in args.get("evidence_times", [])]
         duration = ctx.video.duration_s
-        outside = [t for t in times if t > duration]
+        # `not t <= duration` also catches NaN, which an unconstrained model can write as JSON
+        # (`NaN` parses) and which the schema's bounds let through.
+        outside = [t for t in times if not t <= duration]
         if outside:
             raise ToolError(f"evidence times {', '.join(f'{t:g} s' for t in outside)} are past the "
                             f"end of the video ({duration:.1f} s)")

@@ -111,6 +111,20 @@ async def test_injected_backends_are_used_as_given(tmp_path, built):
     assert Owned.closes == 0 and built[0].closed == 1          # the caller's engine keeps running
 
 
+async def test_close_closes_every_backend_even_when_one_fails(tmp_path, built):
+    runtime = Runtime(_specs(tmp_path))
+    first = await runtime.get_backend("orchestrator")
+    second = await runtime.get_backend("video_expert")
+
+    async def broken_close():
+        raise OSError("engine core already gone")
+
+    first.close = broken_close
+    with pytest.raises(OSError, match="already gone"):
+        await runtime.close()
+    assert second.closed == 1
+
+
 # --- episode config ------------------------------------------------------------------------------
 
 def test_episode_config_validates_with_one_line_errors():

@@ -65,6 +65,24 @@ def test_load_tolerates_torn_last_line_but_not_garbage(tmp_path):
         Trace.load(other)
     with pytest.raises(MedClawError, match="not found"):
         Trace.load(tmp_path / "missing.jsonl")
+    # a video passed by mistake, or JSON lines that are not objects: one-line errors, no traceback
+    binary = tmp_path / "video.mp4"
+    binary.write_bytes(bytes(range(128, 256)) * 8)
+    with pytest.raises(MedClawError, match="not UTF-8"):
+        Trace.load(binary)
+    listing = tmp_path / "list.jsonl"
+    listing.write_text("[1, 2]\n{}\n")
+    with pytest.raises(MedClawError, match="not a JSON object"):
+        Trace.load(listing)
+
+
+def test_unwritable_trace_dir_is_a_config_error(tmp_path):
+    from medclaw.errors import ConfigError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="cannot write trace"):
+        TraceWriter(blocker / "traces" / "t.jsonl")          # a file where a folder must go
 
 
 def test_totals_count_tokens_cache_frames_and_tools():
@@ -107,10 +125,12 @@ def test_trace_show_cli_text_and_json(tmp_path, capsys, monkeypatch):
     writer.step(_step(1, frames=[FrameRef("ab", 10, 0.4, 64, 36)], calls=[_call(100, 50)]))
     writer.step(_step(2, tool=None, error="unknown tool 'zoom'"))
     writer.footer(answer="the hook", status="answered", evidence_times=[12.0],
-                  totals=compute_totals([], visual_tokens_used=0, wall_s=1.0))
+                  totals=compute_totals([], visual_tokens_used=0, wall_s=1.0),
+                  error="Traceback: KeyError['x']")
     assert main(["trace", "show", str(path)]) == 0
     out = capsys.readouterr().out
     assert "What was used [before] the clip?" in out       # brackets are not eaten as markup
+    assert "Traceback: KeyError['x']" in out and "[red]" not in out
     assert "crop_video" in out and "unknown tool 'zoom'" in out and "the hook" in out
     assert "answered" in out
 

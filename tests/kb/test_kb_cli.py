@@ -82,6 +82,13 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_cli_build_out_that_is_a_file_fails_before_embedding(tmp_path, capsys):
+    (tmp_path / "taken").write_text("not a folder")
+    with mock.patch("medclaw.kb.encoder.get_encoder", side_effect=AssertionError("encoder loaded")):
+        rc = run_cli(["kb", "build", "--out", str(tmp_path / "taken")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot create index folder" in err and err.count("\n") == 1
+
 def test_cli_unknown_type(shipped_index, capsys):
     rc = run_cli(["kb", "search", str(shipped_index), "clip", "--type", "recipe"])
     err = capsys.readouterr().err

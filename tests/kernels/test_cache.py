@@ -97,3 +97,14 @@ def test_replacing_a_frame_of_a_batch_keeps_accounting_exact():
     assert cache.stats().bytes == 96 + 48
     cache.put(_key(1), _frame(6))
     assert cache.stats().bytes == 96                          # the batch storage is released
+
+
+def test_a_key_repeated_within_one_batch_keeps_accounting_exact():
+    batch = np.zeros((2, 4, 4, 3), np.uint8)
+    batch[1] = 7
+    cache = FrameCache(capacity_bytes=10_000)
+    cache.put_batch([_key(0), _key(0)], list(batch), batch.nbytes)
+    assert len(cache) == 1 and cache.get(_key(0))[0, 0, 0] == 7      # the last one wins
+    assert cache.stats().bytes == batch.nbytes
+    cache.put(_key(0), _frame(1))
+    assert cache.stats().bytes == 48                                  # the batch is released

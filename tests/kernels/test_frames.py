@@ -151,6 +151,8 @@ def test_bad_requests_raise_typed_errors(info):
         FrameSource(decoder="nope")
     with pytest.raises(ConfigError):
         FrameSource(timeout_s=0)
+    with pytest.raises(ConfigError, match="interpolation"):
+        FrameSource(interpolation="lanczos")
 
 
 def test_corrupt_video_raises(info, tmp_path):

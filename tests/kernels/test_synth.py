@@ -204,7 +204,7 @@ def test_counts_are_step_functions_of_the_events(synth_video):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"width": 321}, "even"), ({"height": 60}, "at least"), ({"minutes": 0.1}, "at least"),
-    ({"fps": 0}, "fps"),
+    ({"fps": 0}, "fps"), ({"minutes": float("inf")}, "finite"), ({"minutes": 800}, "barcode"),
 ])
 def test_bad_parameters_raise_value_error(tmp_path, kwargs, match):
     args = {"minutes": 0.5, "width": 160, "height": 90, **kwargs}

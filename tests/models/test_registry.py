@@ -119,6 +119,7 @@ models:
     ("models: {judge: {preset: no-such-preset}}", "unknown preset"),
     ("models: {judge: {preset: tiny-llm, output_format: xml}}", "output_format"),
     ("models: {judge: not-a-preset}", "neither a preset"),
+    ("presets: {bad: {source: 'tiny:xl'}}\nmodels: {judge: bad}", "source tiny:xl must be"),
     ("profile: gpu-farm", "unknown profile"),
     ("profile: [a]", "`profile` must be"),
     ("- just\n- a list", "mapping at the top level"),
@@ -129,6 +130,13 @@ def test_invalid_config_is_a_one_line_config_error(medclaw_home, tmp_path, text,
     with pytest.raises(ConfigError) as err:
         registry.load_models(config)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_model_name_says_how_to_import(medclaw_home):
+    with pytest.raises(ConfigError) as err:
+        registry.load_models(overrides={"judge": "my-judge"})
+    assert "medclaw models import my-judge /path/to/folder" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_missing_config_file_and_bad_flags(tmp_path):

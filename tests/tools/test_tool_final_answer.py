@@ -23,6 +23,14 @@ async def test_final_answer_rejects_evidence_past_the_end(bare_ctx):
     assert not obs.data.get("is_final")
 
 
+async def test_final_answer_rejects_nan_evidence(bare_ctx):
+    # JSON `NaN` parses and slips through minimum/maximum; it must not reach the trace as a time
+    obs = await default_registry().run(bare_ctx, "final_answer",
+                                       {"text": "x", "evidence_times": [float("nan")]})
+    assert obs.error is not None and "nan" in obs.error
+    assert not obs.data.get("is_final")
+
+
 async def test_final_answer_schema_errors(bare_ctx):
     registry = default_registry()
     missing = await registry.run(bare_ctx, "final_answer", {"text": "x"})

@@ -4,9 +4,9 @@ A backend serves one model. `generate` takes a batch of requests and returns one
 in the same order; it is async so that many episodes can await the same engine concurrently and the
 engine (vLLM) batches them. Results always carry token accounting, including cached prompt tokens.
 
-Below the contract: small helpers every real backend shares — forcing offline mode, turning
-GenRequest messages into chat-template input, pairing media parts with their MediaItems, and the
-video metadata for already-sampled frames.
+Below the contract: small helpers every real backend shares — forcing offline mode, telling a
+VLM checkpoint from a text one, turning GenRequest messages into chat-template input, pairing
+media parts with their MediaItems, and the video metadata for already-sampled frames.
 """
 from __future__ import annotations
 
@@ -52,6 +52,19 @@ def set_offline_env() -> None:
 
     os.environ.update(OFFLINE_ENV)
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def is_multimodal(model_path: str) -> bool:
+    """True when the checkpoint's config.json has a `vision_config` (a VLM); False when it has none
+    or cannot be read (loading the model then reports the real problem)."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from medclaw.engine.backends.base import (
-    Backend, media_in_order, set_offline_env, template_messages, video_metadata,
+    Backend, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
 )
 from medclaw.engine.output_format import split_output
 from medclaw.errors import ConfigError
@@ -46,8 +46,6 @@ def _bnb_config(spec: ModelSpec):
     options = BNB_CONFIGS.get(spec.quantization or "")
     if options is None:
         return None
-    import importlib.util
-
     import torch
 
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -83,7 +81,7 @@ class TransformersBackend(Backend):
         self.spec = spec
         self.model_name = spec.name
         self.model_revision = revision_hash(spec.path)
-        self.is_multimodal = "vision_config" in json.loads(config_path.read_text())
+        self.is_multimodal = is_multimodal(spec.path)
         load_kwargs = {"device_map": "auto", "torch_dtype": "auto", **spec.extra}
         if (quantization := _bnb_config(spec)) is not None:
             load_kwargs["quantization_config"] = quantization

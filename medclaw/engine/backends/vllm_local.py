@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import os
 import threading
 import time
@@ -34,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from medclaw.engine.backends.base import (
-    Backend, media_in_order, set_offline_env, template_messages, video_metadata,
+    Backend, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
 )
 from medclaw.engine.output_format import split_output
 from medclaw.errors import ConfigError
@@ -57,14 +56,6 @@ START_TIMEOUT_S = 1800.0
 SHUTDOWN_TIMEOUT_S = 60.0
 
 
-def _is_multimodal(model_path: str) -> bool:
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return "vision_config" in config
-
-
 def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
     """AsyncEngineArgs keyword arguments for `spec` (without the config objects)."""
     kwargs: dict = {
@@ -81,7 +72,7 @@ def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
     }
     if (quant := QUANTIZATION_TO_VLLM[spec.quantization]) is not None:
         kwargs["quantization"] = quant
-    if _is_multimodal(spec.path):
+    if is_multimodal(spec.path):
         kwargs["limit_mm_per_prompt"] = dict(DEFAULT_MM_LIMITS)
     if on_cpu:
         kwargs["block_size"] = CPU_BLOCK_SIZE

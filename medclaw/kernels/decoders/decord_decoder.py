@@ -23,9 +23,7 @@ class DecordDecoder(Decoder):
             reader = decord.VideoReader(job.path, ctx=decord.cpu(0), num_threads=job.num_threads)
         except Exception as err:
             raise job.corrupt(job.indices[0], err) from err
-        if job.indices[-1] >= len(reader):
-            first_missing = next(i for i in job.indices if i >= len(reader))
-            raise job.corrupt(first_missing, f"the file holds only {len(reader)} frames")
+        job.check_length(len(reader))
         for start, chunk in job.chunks():
             job.check_cancelled()
             try:

@@ -21,9 +21,6 @@ _SWS_INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
 class PyAVDecoder(Decoder):
     name = "pyav"
 
-    def __init__(self, device: str = "cpu") -> None:
-        super().__init__(device)
-
     @staticmethod
     def _scan(container, stream) -> tuple[list[int], list[int]]:
         """(sorted frame pts, indices of keyframes) from the packets alone."""
@@ -52,9 +49,7 @@ class PyAVDecoder(Decoder):
                 pts_list, keyframes = self._scan(container, stream)
             except Exception as err:
                 raise job.corrupt(job.indices[0], err) from err
-            if job.indices[-1] >= len(pts_list):
-                first_missing = next(i for i in job.indices if i >= len(pts_list))
-                raise job.corrupt(first_missing, f"the file holds only {len(pts_list)} frames")
+            job.check_length(len(pts_list))
             gop = max(1, len(pts_list) // max(len(keyframes), 1))
             dense = is_dense(job.indices, gop)
             stream.thread_type = "AUTO" if dense else "SLICE"
