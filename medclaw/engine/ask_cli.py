@@ -1,6 +1,6 @@
 """`medclaw ask`: answer one question about a video, or a batch of them, with local models.
 
-    medclaw ask VIDEO "QUESTION" [--profile P | --config F] [--model ROLE=PATH ...] [--kb INDEX]
+    medclaw ask VIDEO "QUESTION" [--profile P] [--config F] [--model ROLE=PATH ...] [--kb INDEX]
                 [--skills DIR] [--trace-dir D] [--max-steps N] [--json]
     medclaw ask --batch FILE.jsonl [same options] [--concurrency N]
 
