@@ -7,26 +7,10 @@ Make the reference video first: `medclaw video synth artifacts/bench-10min.mp4 -
 (its ground-truth JSON beside it turns on the frame-accuracy check). See
 `medclaw/kernels/bench_decode.py` for the cases and the measurement method.
 """
-from __future__ import annotations
 
-import argparse
 import sys
 
-from medclaw.errors import MedClawError
-from medclaw.kernels.bench_decode import register
+from medclaw.cli import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks/decode.py",
-                                     description=__doc__.splitlines()[0])
-    register(parser)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.handler(args) or 0)
-    except MedClawError as err:
-        print(f"decode.py: error: {err}", file=sys.stderr)
-        return err.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":      # vLLM spawns worker processes: keep the entry point guarded
+    sys.exit(main(["bench", "decode", *sys.argv[1:]]))

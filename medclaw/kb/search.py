@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from medclaw.kb.build import INDEX_FILE, MANIFEST_FILE, PASSAGES_FILE
+from medclaw.kb.passages import Passage
 from medclaw.kb.errors import (EncoderNotFoundError, IndexCorruptError, IndexNotFoundError,
                                KnowledgeBaseError, UnknownPassageTypeError)
 
@@ -34,16 +35,10 @@ MAX_K = 100
 
 
 @dataclass(slots=True)
-class Hit:
-    score: float               # cosine similarity in [-1, 1]
-    text: str
-    title: str
-    type: str
-    source: str
-    chunk_id: str
+class Hit(Passage):
+    """A passage returned by `KnowledgeBase.search`, with its score."""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    score: float = 0.0         # cosine similarity in [-1, 1]
 
 
 class KnowledgeBase:
@@ -164,7 +159,8 @@ class KnowledgeBase:
 
     def _hit(self, score: float, row: int) -> Hit:
         p = self.passages[row]
-        return Hit(score, p["text"], p["title"], p["type"], p["source"], p["chunk_id"])
+        return Hit(text=p["text"], title=p["title"], type=p["type"], source=p["source"],
+                   chunk_id=p["chunk_id"], score=score)
 
 
 def _read_passages(path: Path) -> list[dict]:
