@@ -150,3 +150,18 @@ async def test_cancelled_request_is_aborted_and_engine_keeps_serving(llm_engine)
         Conversation("SYS").add_user("again").to_request(max_tokens=3))
     assert result.num_completion_tokens == 3
     assert llm_engine._engine.get_num_unfinished_requests() == 0      # the long one was aborted
+
+
+@pytest.mark.engine
+async def test_prompt_longer_than_the_context_is_a_one_line_error(llm_engine, tiny_llm_spec):
+    from medclaw.engine.backends.base import RequestRejectedError
+
+    too_long = "gallbladder " * (tiny_llm_spec.max_model_len + 100)
+    request = Conversation("SYS").add_user(too_long).to_request(max_tokens=4)
+    with pytest.raises(RequestRejectedError) as info:
+        await llm_engine.generate_one(request)
+    message = str(info.value)
+    assert "tiny-llm" in message and "\n" not in message
+    # the engine keeps serving after the rejection
+    ok = await llm_engine.generate_one(Conversation("SYS").add_user("hi").to_request(max_tokens=2))
+    assert ok.num_completion_tokens == 2

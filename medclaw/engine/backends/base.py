@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import abc
 
+from medclaw.errors import MedClawError
 from medclaw.types import GenRequest, GenResult, MediaItem
+
+
+class RequestRejectedError(MedClawError):
+    """The engine refused a request before generating (e.g. the prompt exceeds the model's
+    context). One line, naming the model; the episode records it and stops."""
 
 
 class Backend(abc.ABC):

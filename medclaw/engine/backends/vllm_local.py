@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from medclaw.engine.backends.base import (
-    Backend, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
+    Backend, RequestRejectedError, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
 )
 from medclaw.engine.output_format import split_output
 from medclaw.errors import ConfigError
@@ -190,7 +190,17 @@ class VLLMBackend(Backend):
         request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         started = time.perf_counter()
         future = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id), self._loop)
-        output = await asyncio.wrap_future(future)
+        try:
+            output = await asyncio.wrap_future(future)
+        except Exception as err:
+            from vllm.exceptions import VLLMValidationError
+
+            if not isinstance(err, VLLMValidationError):
+                raise
+            # e.g. a question longer than the context window: the user's input, not our bug
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RequestRejectedError(f"model {self.model_name!r} rejected the request: "
+                                       f"{first_line}") from None
         latency = time.perf_counter() - started
         completion = output.outputs[0]
         split = split_output(completion.text, self.spec.output_format)
