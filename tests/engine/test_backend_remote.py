@@ -146,3 +146,12 @@ async def test_against_real_vllm_server(vllm_server, tool_specs):
     constrained = await backend.generate_one(Conversation(system).add_user("act").to_request(
         max_tokens=1536, json_schema=action_schema(tool_specs), temperature=1.0))
     assert isinstance(parse_action(constrained.text, tool_specs), Action), constrained.text[-300:]
+
+    # a prompt past the server's context window (4096 here) is a one-line rejection, not a crash
+    from medclaw.engine.backends.base import RequestRejectedError
+
+    with pytest.raises(RequestRejectedError) as info:
+        await backend.generate_one(
+            Conversation(system).add_user("gallbladder " * 5000).to_request(max_tokens=4))
+    assert backend.model_name in str(info.value) and "context length" in str(info.value)
+    assert "\n" not in str(info.value)

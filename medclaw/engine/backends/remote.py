@@ -58,7 +58,7 @@ import threading
 import time
 from pathlib import Path
 
-from medclaw.engine.backends.base import Backend, media_in_order
+from medclaw.engine.backends.base import Backend, RequestRejectedError, media_in_order
 from medclaw.engine.output_format import split_output
 from medclaw.errors import ConfigError
 from medclaw.models.spec import ModelSpec
@@ -172,12 +172,19 @@ class RemoteBackend(Backend):
         started = time.perf_counter()
         try:
             response = await client.post(url, json=body)
+        except httpx.TimeoutException as err:
+            raise ConfigError(f"model {self.model_name!r}: {url} did not answer within "
+                              f"{self.timeout_s:g} s ({type(err).__name__}); raise "
+                              "extra.timeout_s or check the server's load") from err
         except httpx.TransportError as err:
             raise ConfigError(f"model {self.model_name!r}: cannot reach {url}: "
                               f"{type(err).__name__}") from err
         finally:
             self._release(index)
         latency = time.perf_counter() - started
+        if response.status_code == 400:     # vLLM's answer to a request it validates away
+            raise RequestRejectedError(f"model {self.model_name!r} rejected the request: "
+                                       f"{_error_message(response)}")
         if response.status_code != 200:
             raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:300]}")
         data = response.json()
@@ -219,3 +226,14 @@ def _revision(path: str) -> str:
 
         return revision_hash(path)
     return "remote-unverified"
+
+
+def _error_message(response) -> str:
+    """The first line of an OpenAI-style error body (`{"error": {"message": ...}}`), else its text."""
+    try:
+        error = response.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    text = str(message or response.text or f"HTTP {response.status_code}").strip()
+    return (text.splitlines() or [""])[0][:300]
