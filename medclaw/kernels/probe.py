@@ -41,6 +41,7 @@ from medclaw.kernels.errors import (
     CorruptVideoError, FrameTooLargeError, NotAFileError, NotAVideoError, UnreadableVideoError,
     ZeroDurationError,
 )
+from medclaw.home import medclaw_home
 from medclaw.types import VideoInfo
 
 OPEN_TIMEOUT_S = 5.0               # PyAV interrupts a read that stalls this long (NFS, FUSE …)
@@ -282,8 +283,7 @@ class _FirstFrame:
 
 
 def _cache_file() -> Path:
-    home = os.environ.get("MEDCLAW_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "medclaw")
-    return Path(home) / "cache" / "sha256.json"
+    return medclaw_home() / "cache" / "sha256.json"
 
 
 def _load_disk_cache(path: Path) -> dict:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from medclaw.errors import ConfigError, ModelNotFoundError
+from medclaw.home import medclaw_home
 
 MANIFEST_NAME = "medclaw-manifest.json"
 REVISION_CHARS = 12
@@ -37,11 +38,6 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HASH_CHUNK = 4 << 20
-
-
-def medclaw_home() -> Path:
-    """`$MEDCLAW_HOME`, default `~/.cache/medclaw` (tiny checkpoints, caches, the store)."""
-    return Path(os.environ.get("MEDCLAW_HOME") or "~/.cache/medclaw").expanduser()
 
 
 def models_dir() -> Path:
