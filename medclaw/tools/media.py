@@ -21,13 +21,14 @@ import asyncio
 from dataclasses import dataclass, field
 
 from medclaw.kernels.errors import TimeRangeError
+from medclaw.kernels.planner import FACTOR as PATCH          # 28 px per token side (14-px patches, 2×2 merge)
+from medclaw.kernels.planner import FRAME_FACTOR as TEMPORAL_PATCH   # 2 frames per temporal patch
+from medclaw.kernels.planner import plan_frames, smart_resize, visual_tokens
 from medclaw.tools.base import ToolContext, ToolError
 from medclaw.tools.prompts import FRAME_MAX_TOKENS
 from medclaw.tools.timeline import Window
 from medclaw.types import FrameRef, MediaItem, VideoInfo
 
-PATCH = 28                       # Qwen2.5-VL: 14-px patches merged 2×2 → one token per 28×28 px
-TEMPORAL_PATCH = 2               # … and two frames per temporal patch
 TEXT_RESERVE_TOKENS = 512        # system prompt + instructions + query around a clip
 MIN_CROP_SOURCE_PX = 8           # a region narrower than this (source pixels) shows nothing
 
@@ -106,8 +107,6 @@ def min_useful_tokens(video: VideoInfo, spec) -> int:
     The planner would shrink a plan down to two 28×28 frames to honour any budget; below the
     model's min_pixels that shows nothing, so such a plan counts as "nothing fits".
     """
-    from medclaw.kernels.planner import smart_resize, visual_tokens
-
     height, width = smart_resize(video.height, video.width, PATCH, spec.min_pixels, spec.min_pixels)
     return visual_tokens(TEMPORAL_PATCH, height, width)
 
@@ -120,8 +119,6 @@ def plan_clip(ctx: ToolContext, role: str, window: Window, *, context_tokens: in
     in the same conversation (stage 2 of view_full_video); when neither binds it changes nothing,
     so plans (and uuids) stay identical across questions.
     """
-    from medclaw.kernels.planner import plan_frames
-
     spec = spec_for(ctx, role)
     available = tokens_available(ctx, spec, context_tokens, max_tokens)
     floor = min_useful_tokens(ctx.video, spec)
@@ -144,13 +141,12 @@ def _budget_message(ctx: ToolContext) -> str:
 
 
 def image_tokens(width: int, height: int) -> int:
-    return (width // PATCH) * (height // PATCH)
+    """A still is encoded as one temporal patch (the frame repeated), so as a 2-frame clip."""
+    return visual_tokens(TEMPORAL_PATCH, height, width)
 
 
 def image_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(width, height) for one still, multiples of 28 with min_pixels <= w*h <= max_pixels."""
-    from medclaw.kernels.planner import smart_resize
-
     out_h, out_w = smart_resize(height, width, factor=PATCH, min_pixels=min_pixels,
                                 max_pixels=max_pixels)
     return out_w, out_h
