@@ -22,6 +22,7 @@ naming the frame and time.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -30,11 +31,15 @@ from medclaw.kernels.cache import FrameCache, FrameKey
 from medclaw.kernels.errors import DecodeTimeoutError, FrameTooLargeError, TimeRangeError
 
 MAX_FRAME_PIXELS = 7680 * 4320          # an 8K frame: anything larger is a caller mistake
+# Decode threads (= keyframe segments decoded in parallel, see decoders/base.py): one per core,
+# capped at 8 because every segment holds its own chunk of full-resolution frames in memory.
+DEFAULT_DECODE_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
 class FrameSource:
     def __init__(self, device: str = "cpu", decoder: str = "auto", cache_mb: float = 1024,
-                 timeout_s: float = 120.0, *, num_threads: int = 2, chunk: int = 32,
+                 timeout_s: float = 120.0, *, num_threads: int = DEFAULT_DECODE_THREADS,
+                 chunk: int = 32,
                  interpolation: str = "bicubic") -> None:
         from medclaw.kernels.decoders import DECODERS, device_kind
         from medclaw.kernels.ops import INTERPOLATIONS

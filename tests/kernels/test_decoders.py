@@ -13,7 +13,9 @@ from medclaw.kernels.barcode import read_frame_indices
 from medclaw.kernels.decoders import (
     AUTO_ORDER, DECODERS, available_decoders, make_decoder, resolve,
 )
-from medclaw.kernels.decoders.base import DecodeJob, is_dense
+from medclaw.kernels.decoders.base import (
+    DecodeCancelled, DecodeJob, is_dense, run_segments, split_at_keyframes,
+)
 from medclaw.kernels.errors import CorruptVideoError
 
 CPU_DECODERS = available_decoders("cpu")
@@ -25,9 +27,9 @@ PATTERNS = {
 }
 
 
-def _job(path, indices, width=320, height=180, crop=None, rotation=0, chunk=32):
+def _job(path, indices, width=320, height=180, crop=None, rotation=0, chunk=32, threads=2):
     return DecodeJob(path=str(path), indices=tuple(indices), width=width, height=height, fps=25.0,
-                     crop_px=crop, rotation=rotation, chunk=chunk)
+                     crop_px=crop, rotation=rotation, chunk=chunk, num_threads=threads)
 
 
 def _decode(name, job):
@@ -76,6 +78,59 @@ def test_density_rule():
     assert not is_dense(range(0, 15000, 234), gop=250)        # 64 frames over 10 min
     assert not is_dense([5], gop=250)
 
+
+
+def test_split_at_keyframes_cuts_only_at_gop_starts():
+    keyframes = [0, 250, 500, 750, 1000, 1250]
+    indices = list(range(0, 1500, 3))
+    runs = split_at_keyframes(indices, keyframes, 3)
+    assert len(runs) == 3 and runs[0][0] == 0 and runs[-1][1] == len(indices)
+    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))            # contiguous, no overlap
+    def gop(index):
+        return max(k for k in keyframes if k <= index)
+
+    for lo, _ in runs[1:]:
+        assert gop(indices[lo - 1]) < gop(indices[lo])                  # no GOP is split
+    # Every requested index inside one GOP, one part, or unknown keyframes: a single run.
+    assert split_at_keyframes(list(range(260, 400, 2)), keyframes, 4) == [(0, 70)]
+    assert split_at_keyframes(indices, keyframes, 1) == [(0, len(indices))]
+    assert split_at_keyframes(indices, None, 4) == [(0, len(indices))]
+    assert split_at_keyframes([], keyframes, 4) == []
+    # More parts than GOPs: cuts collapse, never an empty run.
+    runs = split_at_keyframes([10, 20, 300, 310], keyframes, 8)
+    assert runs == [(0, 2), (2, 4)]
+
+
+def test_run_segments_raises_the_real_error_and_stops_the_others():
+    job = _job("v.mp4", range(10))
+    started = []
+
+    def decode_segment(lo, hi):
+        started.append(lo)
+        if lo == 5:
+            raise CorruptVideoError("v.mp4: decoding failed at frame 5 (0.20 s): bad")
+        for _ in range(200):                   # the healthy segment polls like a decoder does
+            job.check_cancelled()
+            job.cancel.wait(0.01)
+
+    with pytest.raises(CorruptVideoError, match="frame 5"):
+        run_segments(job, [(0, 5), (5, 10)], decode_segment)
+    assert sorted(started) == [0, 5] and job.cancel.is_set()
+
+    cancelled = _job("v.mp4", range(10))
+    cancelled.cancel.set()                     # a timeout: every segment stops, that is raised
+    with pytest.raises(DecodeCancelled):
+        run_segments(cancelled, [(0, 5), (5, 10)], lambda lo, hi: cancelled.check_cancelled())
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_parallel_segments_match_one_thread(synth_video, name):
+    """Cutting a request into keyframe segments decoded in parallel changes no pixel."""
+    indices = PATTERNS["dense"]
+    one = _decode(name, _job(synth_video.path, indices, 448, 252, threads=1))
+    many = _decode(name, _job(synth_video.path, indices, 448, 252, threads=3))
+    assert read_frame_indices(many) == list(indices)
+    assert np.array_equal(one, many)
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 @pytest.mark.parametrize("name", CPU_DECODERS)
