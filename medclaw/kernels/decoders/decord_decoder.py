@@ -11,6 +11,7 @@ from medclaw.kernels.decoders.base import Decoder, DecodeJob
 
 class DecordDecoder(Decoder):
     name = "decord"
+    applies_rotation = True       # decord 0.6 rotates by the display matrix itself (tested)
 
     def decode(self, job: DecodeJob):
         import decord
