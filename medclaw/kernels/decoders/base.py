@@ -20,7 +20,8 @@ spans several GOPs is cut at keyframes into `num_threads` runs, each decoded by 
 single-threaded decoder in its own thread. This beats FFmpeg's frame threads, which stall on the
 chain of P-frames: a 768-frame coarse pass over 10 min of 640x360 took 2.8 s with one decoder
 and 2 frame threads, 1.6 s with 2 single-threaded segment decoders, for the same CPU time
-(2 cores). No GOP is decoded twice, because every cut is moved back to a keyframe.
+(2 cores). No GOP is decoded twice, because every cut is moved back to a keyframe. The
+torchcodec (CPU) and PyAV decoders do this; decord and NVDEC use one reader.
 """
 from __future__ import annotations
 

@@ -2,8 +2,12 @@
 
 Frame i is the i-th frame in presentation order. We learn every frame's pts and the keyframes by
 demuxing the packets once (no decoding), then:
-  * dense requests: one sequential pass with frame threads, converting only the wanted frames;
-  * sparse requests: for each wanted frame whose GOP lies ahead of the decoder, seek to the
+  * a request spanning several GOPs is cut at keyframes into `job.num_threads` segments, each
+    decoded by its own single-threaded codec context in its own thread (`base.split_at_keyframes`;
+    PyAV releases the GIL while FFmpeg decodes and converts); a request inside one GOP is one
+    segment, with frame threads when dense and slice threads when it seeks;
+  * within a segment, dense requests are one sequential pass converting only the wanted frames;
+    sparse requests seek, for each wanted frame whose GOP lies ahead of the decoder, to the
     keyframe before it and decode forward.
 A large downscale without a crop happens in libswscale together with the YUV→RGB conversion (one
 pass, no full-size RGB frame); everything else goes through `ops.resize_crop`, so for those sizes
@@ -13,7 +17,9 @@ from __future__ import annotations
 
 import bisect
 
-from medclaw.kernels.decoders.base import DECODER_RESIZE_MAX_FRACTION, Decoder, DecodeJob, is_dense
+from medclaw.kernels.decoders.base import (
+    DECODER_RESIZE_MAX_FRACTION, Decoder, DecodeJob, is_dense, run_segments, split_at_keyframes,
+)
 
 _SWS_INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
 
@@ -40,50 +46,61 @@ class PyAVDecoder(Decoder):
         if not job.indices:
             return out
         try:
-            container = av.open(job.path)
+            with av.open(job.path) as container:
+                stream = container.streams.video[0]
+                src_w, src_h = stream.codec_context.width, stream.codec_context.height
+                pts_list, keyframes = self._scan(container, stream)
         except Exception as err:
             raise job.corrupt(job.indices[0], err) from err
-        with container:
-            stream = container.streams.video[0]
+        job.check_length(len(pts_list))
+        job.src_width, job.src_height = src_w, src_h
+        dense = is_dense(job.indices, max(1, len(pts_list) // max(len(keyframes), 1)))
+        segments = split_at_keyframes(job.indices, keyframes, job.num_threads)
+        if len(segments) > 1:
+            thread_type, thread_count = "SLICE", 1
+        else:
+            thread_type, thread_count = ("AUTO" if dense else "SLICE"), job.num_threads
+        pts_to_index = {p: i for i, p in enumerate(pts_list)}
+        chunk_size = len(next(job.chunks())[1])
+        small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
+        scale = small and job.crop_px is None and job.rotation % 360 == 0
+        sws = _SWS_INTERPOLATION[job.interpolation]
+
+        def convert(frame):
+            if scale:
+                frame = frame.reformat(width=job.width, height=job.height, format="rgb24",
+                                       interpolation=sws)
+            return frame.to_ndarray(format="rgb24")                       # (h, w, 3)
+
+        def flush(buf, position):
+            chunk = torch.from_numpy(np.stack(buf))                       # (n, h, w, 3)
+            if scale:
+                out[position:position + len(buf)] = chunk.to(out.device)
+            else:
+                self._put(out, position, chunk, job)
+
+        def decode_segment(lo: int, hi: int) -> None:
             try:
-                pts_list, keyframes = self._scan(container, stream)
+                container = av.open(job.path)
             except Exception as err:
-                raise job.corrupt(job.indices[0], err) from err
-            job.check_length(len(pts_list))
-            gop = max(1, len(pts_list) // max(len(keyframes), 1))
-            dense = is_dense(job.indices, gop)
-            stream.thread_type = "AUTO" if dense else "SLICE"
-            stream.thread_count = job.num_threads
-            pts_to_index = {p: i for i, p in enumerate(pts_list)}
-            src_w, src_h = stream.codec_context.width, stream.codec_context.height
-            job.src_width, job.src_height = src_w, src_h
-            chunk_size = len(next(job.chunks())[1])
-            small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
-            scale = small and job.crop_px is None and job.rotation % 360 == 0
-            sws = _SWS_INTERPOLATION[job.interpolation]
+                raise job.corrupt(job.indices[lo], err) from err
+            with container:
+                stream = container.streams.video[0]
+                stream.thread_type, stream.thread_count = thread_type, thread_count
+                wanted = job.indices[lo:hi]
+                buf, position = [], lo
+                for slot, frame in self._iterate(container, stream, job, wanted, pts_list,
+                                                 keyframes, pts_to_index, dense):
+                    buf.append(convert(frame))
+                    if len(buf) == chunk_size or slot == len(wanted) - 1:
+                        job.check_cancelled()
+                        flush(buf, position)
+                        position += len(buf)
+                        buf = []
+                if position != hi:
+                    raise job.corrupt(job.indices[position], "stream ended before this frame")
 
-            def convert(frame):
-                if scale:
-                    frame = frame.reformat(width=job.width, height=job.height, format="rgb24",
-                                           interpolation=sws)
-                return frame.to_ndarray(format="rgb24")                   # (h, w, 3)
-
-            frames = self._iterate(container, stream, job, pts_list, keyframes, pts_to_index,
-                                   dense)
-            buf, buf_start = [], 0
-            for slot, frame in frames:
-                buf.append(convert(frame))
-                if len(buf) == chunk_size or slot == len(job.indices) - 1:
-                    job.check_cancelled()
-                    chunk = torch.from_numpy(np.stack(buf))               # (n, h, w, 3)
-                    if scale:
-                        out[buf_start:buf_start + len(buf)] = chunk.to(out.device)
-                    else:
-                        self._put(out, buf_start, chunk, job)
-                    buf_start += len(buf)
-                    buf = []
-            if buf_start != len(job.indices):
-                raise job.corrupt(job.indices[buf_start], "stream ended before this frame")
+        run_segments(job, segments, decode_segment)
         return out
 
     @staticmethod
@@ -103,9 +120,9 @@ class PyAVDecoder(Decoder):
                 else "DEFAULT"
             yield from ctx.decode(packet)
 
-    def _iterate(self, container, stream, job, pts_list, keyframes, pts_to_index, dense):
-        """Yield (slot, av.VideoFrame) for each requested index, in order; stop at end of stream."""
-        wanted = job.indices
+    def _iterate(self, container, stream, job, wanted, pts_list, keyframes, pts_to_index, dense):
+        """Yield (slot, av.VideoFrame) for each index of `wanted`, in order; stop at end of
+        stream."""
         wanted_set = set(wanted)
         slot = 0
         frames = self._decode_from(container, stream, pts_list[wanted[0]], pts_to_index,
