@@ -66,9 +66,9 @@ class TorchcodecDecoder(Decoder):
         keyframes = self._keyframes(first)
         on_cpu = self.device == "cpu"
         segments = split_at_keyframes(job.indices, keyframes, job.num_threads if on_cpu else 1)
-        threads = 1
-        if len(segments) == 1 and is_dense(job.indices, self._gop(keyframes, len(first))):
-            threads = job.num_threads
+        # One segment: FFmpeg frame threads when it is dense (on CPU; NVDEC takes no threads).
+        dense = is_dense(job.indices, self._gop(keyframes, len(first)))
+        threads = job.num_threads if on_cpu and len(segments) == 1 and dense else 1
         transforms = None
         small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
         # On CUDA the frames are already on the GPU, where ops.resize_crop is cheap.
