@@ -132,6 +132,28 @@ def test_parallel_segments_match_one_thread(synth_video, name):
     assert read_frame_indices(many) == list(indices)
     assert np.array_equal(one, many)
 
+
+@pytest.fixture(scope="module")
+def open_gop_video(synth_video, tmp_path_factory):
+    """The synthetic video re-encoded with open GOPs: B-frames shown before each keyframe are
+    decoded after it and reference the previous GOP — the hard case for cutting at keyframes."""
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("needs the ffmpeg binary")
+    path = tmp_path_factory.mktemp("opengop") / "open_gop.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(synth_video.path), "-t", "20",
+                    "-c:v", "libx264", "-preset", "veryfast", "-bf", "3",
+                    "-x264-params", "open-gop=1:keyint=60:min-keyint=60:scenecut=0",
+                    str(path)], check=True)
+    return path
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_segments_exact_on_open_gops(open_gop_video, name):
+    indices = tuple(range(0, 500, 2)) + (57, 58, 59, 119, 179)     # around every keyframe
+    indices = tuple(sorted(set(indices)))
+    frames = _decode(name, _job(open_gop_video, indices, threads=4))
+    assert read_frame_indices(frames) == list(indices)
+
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 @pytest.mark.parametrize("name", CPU_DECODERS)
 def test_exact_frames_at_native_size(synth_video, name, pattern):
