@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import re
 import threading
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from medclaw.kernels.errors import CorruptVideoError
@@ -117,22 +116,34 @@ def run_segments(job: DecodeJob, segments, decode_segment) -> None:
     """Call `decode_segment(lo, hi)` for each segment, in parallel threads when there are several.
 
     The first failure cancels the job (the other segments stop at their next chunk) and is
-    raised; a `DecodeCancelled` of a segment that was stopped that way is not what failed.
+    raised; a `DecodeCancelled` of a segment stopped that way is not what failed. The threads are
+    daemons, like `FrameSource`'s decode worker: a decoder stuck inside FFmpeg past the timeout
+    must not keep the process from exiting.
     """
     if len(segments) <= 1:
         for lo, hi in segments:
             decode_segment(lo, hi)
         return
-    with ThreadPoolExecutor(len(segments), thread_name_prefix="medclaw-segment") as pool:
-        futures = [pool.submit(decode_segment, lo, hi) for lo, hi in segments]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        if any(f.done() and f.exception() for f in futures):
+    errors: list[BaseException | None] = [None] * len(segments)
+
+    def work(slot: int, lo: int, hi: int) -> None:
+        try:
+            decode_segment(lo, hi)
+        except BaseException as err:       # handed to the calling thread below
+            errors[slot] = err
             job.cancel.set()
-        wait(futures)
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    real = [e for e in errors if not isinstance(e, DecodeCancelled)]
-    if real or errors:
-        raise (real or errors)[0]
+
+    threads = [threading.Thread(target=work, args=(slot, lo, hi), daemon=True,
+                                name=f"medclaw-segment-{slot}")
+               for slot, (lo, hi) in enumerate(segments)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failures = [e for e in errors if e is not None]
+    real = [e for e in failures if not isinstance(e, DecodeCancelled)]
+    if failures:
+        raise (real or failures)[0]
 
 
 def is_dense(indices, gop: int) -> bool:
