@@ -56,20 +56,15 @@ def read_batch(path: str) -> list:
 
     from medclaw.engine.episode import BatchItem
     from medclaw.errors import ConfigError
+    from medclaw.jsonl import iter_objects
 
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"batch file not found: {file}")
     items = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{file}:{number}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("video"), str) \
-                or not isinstance(row.get("question"), str) or not row["question"].strip():
+    for number, row in iter_objects(file, ConfigError):
+        if not isinstance(row.get("video"), str) or not isinstance(row.get("question"), str) \
+                or not row["question"].strip():
             raise ConfigError(f'{file}:{number}: need {{"video": str, "question": str, "id"?: str}}')
         items.append(BatchItem(video=row["video"], question=row["question"],
                                id=str(row.get("id") or f"line{number}")))

@@ -81,27 +81,15 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         from medclaw.errors import MedClawError
+        from medclaw.jsonl import iter_objects
 
         path = Path(path)
         if not path.is_file():
             raise MedClawError(f"trace file not found: {path}")
         header, steps, footer = None, [], None
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError:
-            raise MedClawError(f"{path}: not UTF-8 text; is this a medclaw trace?") from None
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                # A killed writer can leave a torn last line; anything else is not our trace.
-                if number == len(lines):
-                    break
-                raise MedClawError(f"{path}:{number}: not a JSON line; is this a medclaw trace?") from None
-            if not isinstance(row, dict):
-                raise MedClawError(f"{path}:{number}: not a JSON object; is this a medclaw trace?")
+        # A killed writer can leave a torn last line: dropped, the steps before it still count.
+        for _, row in iter_objects(path, MedClawError, hint="is this a medclaw trace?",
+                                   torn_tail_ok=True):
             kind = row.get("type")
             if kind == "header":
                 header = row

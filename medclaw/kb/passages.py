@@ -18,12 +18,12 @@ Contract
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from medclaw.errors import ConfigError
+from medclaw.jsonl import iter_objects
 from medclaw.kb.errors import CorpusFormatError, CorpusNotFoundError, EmptyCorpusError
 
 SUFFIXES = (".md", ".txt", ".jsonl")
@@ -148,15 +148,8 @@ def _read_txt(path: Path, rel: str, config: ChunkConfig) -> list[Passage]:
 
 def _read_jsonl(path: Path, rel: str, config: ChunkConfig) -> list[Passage]:
     out: list[Passage] = []
-    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusFormatError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str) \
-                or not record["text"].strip():
+    for line_no, record in iter_objects(path, CorpusFormatError):
+        if not isinstance(record.get("text"), str) or not record["text"].strip():
             raise CorpusFormatError(f"{path}:{line_no}: expected a JSON object with a non-empty \"text\"")
         title = str(record.get("title") or "")
         kind = _norm_type(record.get("type"))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from medclaw.jsonl import iter_objects
 from medclaw.kb.build import INDEX_FILE, MANIFEST_FILE, PASSAGES_FILE
 from medclaw.kb.passages import Passage
 from medclaw.kb.errors import (EncoderNotFoundError, IndexCorruptError, IndexNotFoundError,
@@ -166,15 +167,9 @@ class KnowledgeBase:
 def _read_passages(path: Path) -> list[dict]:
     keys = ("text", "title", "type", "source", "chunk_id")
     rows: list[dict] = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if not isinstance(row, dict) or any(not isinstance(row.get(k), str) for k in keys):
-                    raise IndexCorruptError(f"corrupt passage at {path}:{line_no}")
-                rows.append(row)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise IndexCorruptError(f"corrupt passages file {path}: {type(err).__name__}") from err
+    for line_no, row in iter_objects(path, IndexCorruptError,
+                                     hint="rebuild with `medclaw kb build`"):
+        if any(not isinstance(row.get(k), str) for k in keys):
+            raise IndexCorruptError(f"corrupt passage at {path}:{line_no}")
+        rows.append(row)
     return rows

@@ -57,7 +57,7 @@ def test_load_tolerates_torn_last_line_but_not_garbage(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n{}\n")
-    with pytest.raises(MedClawError, match="not a JSON line"):
+    with pytest.raises(MedClawError, match="bad.jsonl:1: not valid JSON"):
         Trace.load(bad)
     other = tmp_path / "other.jsonl"
     other.write_text('{"type": "header"}\n')
