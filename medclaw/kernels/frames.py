@@ -39,8 +39,7 @@ DEFAULT_DECODE_THREADS = max(1, min(8, os.cpu_count() or 1))
 class FrameSource:
     def __init__(self, device: str = "cpu", decoder: str = "auto", cache_mb: float = 1024,
                  timeout_s: float = 120.0, *, num_threads: int = DEFAULT_DECODE_THREADS,
-                 chunk: int = 32,
-                 interpolation: str = "bicubic") -> None:
+                 chunk: int = 32, interpolation: str = "bicubic") -> None:
         from medclaw.kernels.decoders import DECODERS, device_kind
         from medclaw.kernels.ops import INTERPOLATIONS
 

@@ -80,8 +80,10 @@ class TorchcodecDecoder(Decoder):
         del first
 
         def decode_segment(lo: int, hi: int) -> None:
-            decoder = reusable.pop() if lo == 0 and reusable else self._open(job, threads,
-                                                                             transforms)
+            if lo == 0 and reusable:
+                decoder = reusable.pop()         # the first segment keeps the probing decoder
+            else:
+                decoder = self._open(job, threads, transforms)
             for start, chunk in job.chunks(lo, hi):
                 job.check_cancelled()
                 try:
