@@ -5,11 +5,12 @@ Three cases, each run by us and by the baseline with the same frames and sizes:
             default video pixel budget (e.g. 768 frames at 644x364 for 10 min of 640x360)
     window  a 30 s window in the middle at 4 fps and up to 768 tokens per frame (stage 2)
     sparse  64 frames spread over the whole video
-Ours = probe_video + plan_frames + FrameSource.get (default decoder for --device, default cache).
+Ours = probe_video + plan_frames + FrameSource.get (default decoder for --device, default cache,
+`--threads` decode threads: by default one per core, up to 8).
 Baseline = qwen-vl-utils `fetch_video` with its torchcodec reader forced
 (FORCE_QWENVL_VIDEO_READER=torchcodec; we check its metadata says torchcodec, since it silently
-falls back to torchvision on errors). Speed limit = `ffmpeg -threads 2 -i VIDEO -f null -`
-decoding every frame of the case's time range (the whole video, or the window).
+falls back to torchvision on errors). Speed limit = `ffmpeg -threads N -i VIDEO -f null -` with
+our thread count, decoding every frame of the case's time range (the whole video, or the window).
 
 Method: every measurement (case × ours/baseline) runs in a fresh Python subprocess. Imports
 (torch, torchcodec, qwen-vl-utils) happen before the clock starts, for both. Time = wall time of
@@ -52,6 +53,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {','.join(CASES)}")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per measurement; the median time is reported (default 1)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="decode threads for ours and for the ffmpeg speed limit (default: "
+                             "one per core, up to 8, as FrameSource uses); the baseline keeps "
+                             "qwen-vl-utils' own setting")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip qwen-vl-utils (fast check of our path only)")
     parser.set_defaults(handler=_handler)
@@ -110,7 +115,7 @@ def _accuracy(frames, expected) -> float:
     return round(sum(g == e for g, e in zip(got, expected)) / max(len(expected), 1), 4)
 
 
-def _run_ours(video: str, case: str, device: str, check: bool) -> dict:
+def _run_ours(video: str, case: str, device: str, check: bool, threads: int) -> dict:
     import medclaw.kernels.decoders as decoders
     from medclaw.kernels.frames import FrameSource
     from medclaw.kernels.planner import plan_frames
@@ -122,7 +127,8 @@ def _run_ours(video: str, case: str, device: str, check: bool) -> dict:
     t0 = time.perf_counter()
     info = probe_video(video, use_cache=False)
     plan = plan_frames(info, **case_request(case, info)["plan"])
-    frames = FrameSource(device=device).get(info, plan, as_tensor=device != "cpu")
+    frames = FrameSource(device=device, num_threads=threads).get(info, plan,
+                                                                  as_tensor=device != "cpu")
     if device != "cpu":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -161,19 +167,19 @@ def _run_baseline(video: str, case: str, check: bool) -> dict:
 
 
 def _worker(argv: list[str]) -> None:
-    side, video, case, device, check = argv
+    side, video, case, device, check, threads = argv
     check = check == "1"
-    result = (_run_ours(video, case, device, check) if side == "ours"
+    result = (_run_ours(video, case, device, check, int(threads)) if side == "ours"
               else _run_baseline(video, case, check))
     print("MEDCLAW_BENCH " + json.dumps(result))
 
 
 # --- parent -------------------------------------------------------------------------------------
 
-def _measure(side: str, video: str, case: str, device: str, check: bool) -> dict:
+def _measure(side: str, video: str, case: str, device: str, check: bool, threads: int) -> dict:
     env = {**os.environ, "FORCE_QWENVL_VIDEO_READER": "torchcodec"}
     cmd = [sys.executable, "-m", "medclaw.kernels.bench_decode", "--worker", side, video, case,
-           device, "1" if check else "0"]
+           device, "1" if check else "0", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("MEDCLAW_BENCH "):
@@ -182,8 +188,8 @@ def _measure(side: str, video: str, case: str, device: str, check: bool) -> dict
     raise RuntimeError(f"bench worker {side}/{case} failed (exit {proc.returncode}): {tail[0]}")
 
 
-def _ffmpeg_seconds(video: str, start: float, end: float, full: bool) -> float:
-    cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-threads", "2"]
+def _ffmpeg_seconds(video: str, start: float, end: float, full: bool, threads: int) -> float:
+    cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-threads", str(threads)]
     if not full:
         cmd += ["-ss", f"{start:.3f}", "-t", f"{end - start:.3f}"]
     cmd += ["-i", video, "-f", "null", "-"]
@@ -193,11 +199,16 @@ def _ffmpeg_seconds(video: str, start: float, end: float, full: bool) -> float:
 
 
 def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
-                  baseline: bool = True, progress: bool = True) -> dict:
+                  baseline: bool = True, progress: bool = True, threads: int | None = None) -> dict:
     import shutil
 
     from medclaw.errors import ConfigError
+    from medclaw.kernels.frames import DEFAULT_DECODE_THREADS
     from medclaw.kernels.probe import probe_video
+
+    threads = DEFAULT_DECODE_THREADS if threads is None else threads
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
 
     info = probe_video(video)
     unknown = [c for c in cases if c not in CASES]
@@ -229,9 +240,9 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
             for side in sides:
                 if bar:
                     bar.set_postfix_str(f"{case}/{side}")
-                runs[side].append(_measure(side, str(video), case, device, check))
+                runs[side].append(_measure(side, str(video), case, device, check, threads))
                 bar and bar.update()
-            ffmpeg.append(_ffmpeg_seconds(str(video), start, end, full))
+            ffmpeg.append(_ffmpeg_seconds(str(video), start, end, full, threads))
             bar and bar.update()
         ours = runs["ours"][0]
         ours_s = median(r["seconds"] for r in runs["ours"])
@@ -264,9 +275,11 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
     result["method"] = {
         "repeat": repeat, "time": "median wall time of the work, imports excluded",
         "peak_mb": "ru_maxrss minus RSS after imports, fresh subprocess per measurement",
-        "ffmpeg": "ffmpeg -threads 2 [-ss S -t 30 for window] -i VIDEO -f null -",
+        "threads": threads,
+        "ffmpeg": f"ffmpeg -threads {threads} [-ss S -t 30 for window] -i VIDEO -f null -",
         "baseline": "qwen_vl_utils.fetch_video, FORCE_QWENVL_VIDEO_READER=torchcodec",
-        "ours": "probe_video + plan_frames + FrameSource(device).get, default cache",
+        "ours": f"probe_video + plan_frames + FrameSource(device, num_threads={threads}).get, "
+                "default cache",
     }
     return result
 
@@ -277,7 +290,8 @@ def _handler(args) -> int:
         from medclaw.errors import ConfigError
 
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
-    result = run_benchmark(args.video, args.device, cases, args.repeat, not args.no_baseline)
+    result = run_benchmark(args.video, args.device, cases, args.repeat, not args.no_baseline,
+                           threads=args.threads)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

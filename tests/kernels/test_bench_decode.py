@@ -52,12 +52,15 @@ def test_cli_without_ground_truth_reports_null_accuracy(synth_video, tmp_path, c
     shutil.copy(synth_video.path, plain)                      # no JSON beside it
     parser = argparse.ArgumentParser()
     bench_decode.register(parser)
-    args = parser.parse_args([str(plain), "--json", "--cases", "sparse", "--no-baseline"])
+    args = parser.parse_args([str(plain), "--json", "--cases", "sparse", "--no-baseline",
+                              "--threads", "1"])
     assert args.handler(args) == 0
     out = json.loads(capsys.readouterr().out)
     row = out["cases"]["sparse"]
     assert row["frame_accuracy"] is None and row["baseline_s"] is None
     assert row["num_frames"] == 64 and row["ours_s"] > 0
+    # One thread count for ours and for the ffmpeg speed limit, recorded with the result.
+    assert out["method"]["threads"] == 1 and "-threads 1 " in out["method"]["ffmpeg"]
 
 
 def test_unknown_case_is_a_config_error(synth_video):
@@ -65,3 +68,5 @@ def test_unknown_case_is_a_config_error(synth_video):
 
     with pytest.raises(ConfigError, match="unknown case"):
         run_benchmark(str(synth_video.path), cases=("nope",), progress=False)
+    with pytest.raises(ConfigError, match="--threads must be >= 1"):
+        run_benchmark(str(synth_video.path), progress=False, threads=0)
