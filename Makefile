@@ -23,7 +23,7 @@ export TRANSFORMERS_OFFLINE=1
 help:
 	@echo "make demo     - end-to-end demo on tiny random weights (installs first)"
 	@echo "make test     - run the test suite on the real CPU engines (installs first)"
-	@echo "make bench    - decode + kv benchmarks, JSON (and a decode chart) into artifacts/"
+	@echo "make bench    - decode, kv and e2e benchmarks, JSON (and a decode chart) into artifacts/"
 	@echo "make install  - create .venv with the verified CPU stack (idempotent)"
 
 install: system-deps $(STAMP)
@@ -61,8 +61,9 @@ bench: install
 	$(VENV)/bin/medclaw video synth artifacts/bench-10min.mp4 --minutes 10 --width 640 --height 360 --fps 25
 	$(VENV)/bin/medclaw bench decode artifacts/bench-10min.mp4 --json --repeat 3 > artifacts/bench-decode.json
 	$(VENV)/bin/medclaw bench kv --json > artifacts/bench-kv.json
+	$(VENV)/bin/medclaw bench e2e --json > artifacts/bench-e2e.json
 	$(PY) benchmarks/plot_decode.py artifacts/bench-decode.json artifacts/bench-decode.png
-	cat artifacts/bench-decode.json artifacts/bench-kv.json
+	cat artifacts/bench-decode.json artifacts/bench-kv.json artifacts/bench-e2e.json
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -10,6 +10,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                "decode speed / memory / frame accuracy vs qwen-vl-utils and ffmpeg"),
     "kv": ("medclaw.engine.bench_kv:register",
            "prefix-cache reuse across questions, stages and turns on the configured preset"),
+    "e2e": ("medclaw.engine.bench_e2e:register",
+            "end-to-end episodes: sequential vs concurrent throughput, warm-cache reuse"),
 }
 
 
