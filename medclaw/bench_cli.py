@@ -11,7 +11,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "kv": ("medclaw.engine.bench_kv:register",
            "prefix-cache reuse across questions, stages and turns on the configured preset"),
     "e2e": ("medclaw.engine.bench_e2e:register",
-            "end-to-end episodes: sequential vs concurrent throughput, warm-cache reuse"),
+            "end-to-end episodes: sequential vs concurrent throughput on shared engines"),
 }
 
 
