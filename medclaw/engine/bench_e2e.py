@@ -34,15 +34,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None,
                         help="model profile (default: the config's, else tiny-cpu)")
     parser.add_argument("--config", default=None, metavar="FILE", help="medclaw.yaml to use")
-    parser.add_argument("--questions", type=int, default=8,
+    parser.add_argument("--questions", type=int, default=8, metavar="N",
                         help="episodes per pass (ground-truth questions, cycled; default 8)")
-    parser.add_argument("--concurrency", type=int, default=4,
-                        help="episodes at once in the concurrent passes (default 4)")
-    parser.add_argument("--minutes", type=float, default=2.0,
+    parser.add_argument("--concurrency", type=int, default=4, metavar="C",
+                        help="episodes at once in the concurrent pass (default 4)")
+    parser.add_argument("--minutes", type=float, default=2.0, metavar="M",
                         help="length of each synthetic video (default 2)")
-    parser.add_argument("--max-steps", type=int, default=6,
+    parser.add_argument("--max-steps", type=int, default=6, metavar="N",
                         help="orchestrator steps before a forced answer (default 6)")
-    parser.add_argument("--out-dir", default="artifacts/bench-e2e",
+    parser.add_argument("--out-dir", default="artifacts/bench-e2e", metavar="DIR",
                         help="where the videos and traces go (default artifacts/bench-e2e)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.set_defaults(handler=_handler)
