@@ -19,10 +19,10 @@ with 2).
 Segments (`split_at_keyframes`, `run_segments`): a request that spans several GOPs is cut at
 keyframes into `num_threads` runs, each decoded by its own single-threaded decoder in its own
 thread; every decoder starts from a keyframe, so the runs need nothing from each other and no GOP
-is decoded twice. This beats FFmpeg's frame threads, which kept only ~1.4 of 2 cores busy here:
-a 768-frame coarse pass over 10 min of 640x360 took 2.8 s (4.0 s CPU) with one decoder and 2
-frame threads, 1.65 s (3.0 s CPU) with 2 segment decoders. The torchcodec (CPU) and PyAV
-decoders do this; decord and NVDEC use one reader.
+is decoded twice. This beats FFmpeg's frame threads, which kept only ~1.5 of 2 cores busy here:
+a 768-frame coarse pass over 10 min of 640x360 took 3.3 s (4.6 s CPU) with one torchcodec decoder
+and 2 frame threads, 1.7 s (3.2 s CPU) with 2 segment decoders (benchmarks/decoder_threads.py).
+The torchcodec (CPU) and PyAV decoders do this; decord and NVDEC use one reader.
 """
 from __future__ import annotations
 
