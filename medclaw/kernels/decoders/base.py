@@ -31,6 +31,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
+from medclaw.errors import first_line
 from medclaw.kernels.errors import CorruptVideoError
 
 DEFAULT_CHUNK = 32
@@ -86,7 +87,7 @@ class DecodeJob:
             raise self.corrupt(missing, f"the file holds only {total} frames")
 
     def corrupt(self, index: int, why) -> CorruptVideoError:
-        reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+        reason = first_line(why)
         # torchcodec prefixes "function, /path/File.cpp:123, ": noise for the reader.
         reason = re.sub(r"^\w+, \S+\.cpp:\d+, ", "", reason)
         return CorruptVideoError(f"{self.path}: decoding failed at frame {index} "
