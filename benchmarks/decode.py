@@ -5,7 +5,7 @@
 
 Make the reference video first: `medclaw video synth artifacts/bench-10min.mp4 --minutes 10`
 (its ground-truth JSON beside it turns on the frame-accuracy check). See
-`medclaw/kernels/bench_decode.py` for the cases and the measurement method.
+`medclaw/bench/decode.py` for the cases and the measurement method.
 """
 
 import sys

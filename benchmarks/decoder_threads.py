@@ -49,8 +49,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--decoders", default=None, help="default: every available CPU decoder")
     args = parser.parse_args(argv)
 
-    from medclaw.kernels.barcode import read_frame_indices
-    from medclaw.kernels.bench_decode import CASES, case_request, has_ground_truth
+    from medclaw.synth.barcode import read_frame_indices
+    from medclaw.bench.decode import CASES, case_request, has_ground_truth
     from medclaw.kernels.decoders import available_decoders, make_decoder
     from medclaw.kernels.decoders.base import DecodeJob
     from medclaw.kernels.planner import plan_frames

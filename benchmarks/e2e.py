@@ -3,7 +3,7 @@
     python benchmarks/e2e.py [--profile tiny-cpu] [--config F] [--questions 8] [--concurrency 4]
                              [--minutes 2] [--max-steps 6] [--out-dir DIR] [--json]
 
-Sequential vs concurrent episodes on shared engines; see `medclaw/engine/bench_e2e.py`.
+Sequential vs concurrent episodes on shared engines; see `medclaw/bench/e2e.py`.
 """
 
 import sys

@@ -47,7 +47,7 @@ class FrameRef:
 class MediaItem:
     """Decoded pixels attached to a generation request.
 
-    `uuid` is the prefix-cache identity (DESIGN.md rule 2): video sha256 + frame range + fps +
+    `uuid` is the prefix-cache identity (docs/architecture.md rule 2): video sha256 + frame range + fps +
     pixel budget — never a hash of decoded pixels. Two requests with the same uuid must carry the
     same pixels, so vLLM may reuse the KV it computed for them.
     """

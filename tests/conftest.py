@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def tiny_models():
 @pytest.fixture(scope="session")
 def synth_video(tmp_path_factory):
     """A 1-minute synthetic procedure video (320×180, 25 fps) and its ground truth."""
-    from medclaw.kernels.synth import synthesize
+    from medclaw.synth.video import synthesize
 
     out = tmp_path_factory.mktemp("videos") / "procedure.mp4"
     return synthesize(out, minutes=1.0, seed=0, width=320, height=180, fps=25)
@@ -92,3 +93,33 @@ def llm_engine(tiny_llm_spec):
     backend = VLLMBackend(tiny_llm_spec)
     yield backend
     backend.shutdown()
+
+@pytest.fixture(scope="session")
+def random_clip():
+    """`random_clip(seed, T=16, H=224, W=224)` → uint8 (T, H, W, 3) frames; sizes are multiples
+    of 28, so the Qwen processor does not resize them (16 frames at 224² = 512 video tokens)."""
+    import numpy as np
+
+    def make(seed: int, num_frames: int = 16, height: int = 224, width: int = 224):
+        rng = np.random.default_rng(seed)
+        return rng.integers(0, 256, (num_frames, height, width, 3), dtype=np.uint8)  # (T, H, W, 3)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tool_specs():
+    """The real tools' specs (name, description, bounded JSON schema), as the orchestrator sees them."""
+    from medclaw.tools.registry import default_registry
+
+    return default_registry().specs()
+
+@pytest.fixture
+def medclaw_home(tmp_path, monkeypatch, tiny_models):
+    """A fresh $MEDCLAW_HOME whose `tiny/` is a copy of the session's tiny checkpoints (so the
+    tiny-cpu profile finds them built), and an empty model store."""
+    home = tmp_path / "home"
+    shutil.copytree(tiny_models.vlm.parent, home / "tiny")
+    monkeypatch.setenv("MEDCLAW_HOME", str(home))
+    monkeypatch.delenv("MEDCLAW_MODELS_DIR", raising=False)
+    return home

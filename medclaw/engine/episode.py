@@ -84,7 +84,7 @@ class _Episode:
     """State of one running episode; `run` is the loop."""
 
     def __init__(self, question, video, runtime, config, episode_id, on_step):
-        from medclaw.engine.prompt import Conversation
+        from medclaw.requests.conversation import Conversation
         from medclaw.tools.base import ToolContext
 
         self.question, self.video, self.runtime, self.config = question, video, runtime, config

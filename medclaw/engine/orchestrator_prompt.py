@@ -1,6 +1,6 @@
 """What the orchestrator reads: the system prompt, the first user turn, and every later turn.
 
-Prefix-cache layout (DESIGN.md "KV-cache reuse rules"): everything that is the same for every
+Prefix-cache layout (docs/architecture.md "KV-cache reuse rules"): everything that is the same for every
 question goes first and is byte-identical between calls — role and rules, the tool specs with
 their JSON schemas, the skill index. Only then the per-episode user turn: video facts, then the
 question LAST. Later turns are only ever appended (observations, warnings), never edited, so each

@@ -1,5 +1,5 @@
 """Video kernels: probe, token-budgeted frame planner, batched decoders, resize/crop ops, frame
-cache, and the synthetic procedure-video generator.
+cache.
 
 Contract used by the tools (see each module's docstring for details):
     probe_video(path) -> VideoInfo                                  kernels.probe
@@ -7,5 +7,4 @@ Contract used by the tools (see each module's docstring for details):
                 max_visual_tokens) -> FramePlan                     kernels.planner
     FrameSource(device="cpu", decoder="auto", cache_mb=...)         kernels.frames
         .get(info, plan, crop_box=None) -> uint8 array (T, H, W, 3)
-    synthesize(out_path, minutes, seed, ...) -> SynthVideo           kernels.synth
 """

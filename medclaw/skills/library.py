@@ -19,7 +19,7 @@ Contract
   distilled or user-edited version overrides the shipped one).
 - A malformed SKILL.md raises `SkillFormatError` naming the file and the problem (one line).
 - `index_text()` lists names + triggers sorted by name: identical libraries give identical text, so
-  the orchestrator's system-prompt prefix stays cache-stable (DESIGN.md, KV-cache rule 1).
+  the orchestrator's system-prompt prefix stays cache-stable (docs/architecture.md, KV-cache rule 1).
 - `get(name)` returns the `Skill`; an unknown name raises `SkillNotFoundError` listing the names.
 - `add(skill, dir)` writes `dir/<name>/SKILL.md` and registers it; it refuses to overwrite a file
   whose version is >= the new one (versions only go up).

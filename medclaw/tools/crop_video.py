@@ -31,7 +31,7 @@ class CropVideoTool(Tool):
     })
 
     async def run(self, ctx: ToolContext, args: dict) -> Observation:
-        from medclaw.engine.prompt import Conversation
+        from medclaw.requests.conversation import Conversation
 
         query = args["query"].strip()
         if not query:

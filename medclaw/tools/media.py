@@ -10,7 +10,7 @@ Contract
 - `await load_clip(ctx, plan)` / `await load_frame(ctx, role, t, crop_box)`: decode (in a worker
   thread, so other episodes' generation overlaps it), build the `MediaItem` with its stable uuid,
   the `FrameRef`s of exactly the frames decoded, and charge `ctx.visual_tokens_used`.
-- Media uuids follow DESIGN.md rule 2: `engine.prompt.media_uuid(sha256, first, last, fps,
+- Media uuids follow docs/architecture.md rule 2: `requests.conversation.media_uuid(sha256, first, last, fps,
   pixels)`, plus the frame count, the output size and the crop box — every input that determines
   the pixels, none computed from them. Same video + range + sampling + size ⇒ same uuid ⇒ vLLM
   reuses the KV across tool calls and across questions.
@@ -155,7 +155,7 @@ def image_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tup
 # --- decoding -------------------------------------------------------------------------------------
 def clip_uuid(video: VideoInfo, first: int, last: int, fps: float, width: int, height: int,
               count: int, crop_box=None, kind: str = "video") -> str:
-    from medclaw.engine.prompt import media_uuid
+    from medclaw.requests.conversation import media_uuid
 
     uuid = f"{media_uuid(video.sha256, first, last, fps, width * height)}:n{count}:{width}x{height}"
     if crop_box is not None:

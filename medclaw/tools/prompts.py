@@ -1,6 +1,6 @@
 """Prompt texts of the sub-agents behind the tools (video expert, frame verifier).
 
-Layout rule (DESIGN.md, KV-cache reuse): system prompt → media → stable instructions → the query,
+Layout rule (docs/architecture.md, KV-cache reuse): system prompt → media → stable instructions → the query,
 with the query LAST. Everything before the query depends only on the video (its duration, the
 sampling), so two questions about one video share the whole prefix up to the query. Nothing here
 may contain per-call noise (clock time, request ids, budget left).

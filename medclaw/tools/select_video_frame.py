@@ -19,7 +19,7 @@ ROLE = "frame_verifier"
 async def describe_frame(tool: str, ctx: ToolContext, time_s: float, query: str,
                          crop_box: tuple[float, float, float, float] | None = None) -> Observation:
     """Decode the frame (or region), ask the frame verifier, build the observation."""
-    from medclaw.engine.prompt import Conversation
+    from medclaw.requests.conversation import Conversation
 
     query = query.strip()
     if not query:

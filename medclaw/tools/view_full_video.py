@@ -53,7 +53,7 @@ class ViewFullVideoTool(Tool):
     parameters = object_schema({"query": text_field("what to find or localise in the video")})
 
     async def run(self, ctx: ToolContext, args: dict) -> Observation:
-        from medclaw.engine.prompt import Conversation
+        from medclaw.requests.conversation import Conversation
 
         query = args["query"].strip()
         if not query:

@@ -6,7 +6,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from medclaw.engine.prompt import Conversation, media_uuid
+from medclaw.requests.conversation import Conversation, media_uuid
 from medclaw.errors import ConfigError
 from medclaw.models.spec import ModelSpec
 from medclaw.types import MediaItem

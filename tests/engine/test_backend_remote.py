@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from medclaw.engine.backends.remote import RemoteBackend
-from medclaw.engine.prompt import Conversation, media_uuid
+from medclaw.requests.conversation import Conversation, media_uuid
 from medclaw.errors import ConfigError
 from medclaw.models.spec import ModelSpec
 from medclaw.types import MediaItem

@@ -1,7 +1,7 @@
 """The in-process vLLM backend on the tiny checkpoints: accounting, prefix-cache reuse with the
 KV-friendly prompt layout, concurrency across event loops, schema-constrained tool calls.
 
-All tests share one session-scoped engine per model (tests/engine/conftest.py).
+All tests share one session-scoped engine per model (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from medclaw.engine import bench_kv
-from medclaw.engine.prompt import Conversation, media_uuid
+from medclaw.bench import kv as bench_kv
+from medclaw.requests.conversation import Conversation, media_uuid
 from medclaw.types import MediaItem
 
 

@@ -1,6 +1,6 @@
 """The episode loop on real tools, a real synthetic video and the real frame source.
 
-Only the *models* are scripted (agent logic, DESIGN.md "Testing"): the orchestrator follows the
+Only the *models* are scripted (agent logic, docs/architecture.md "Testing"): the orchestrator follows the
 shipped directed-relook skill by reading its observations, and the video expert describes what
 the synthetic video's ground truth says is in the clip it was actually sent. Everything else —
 probing, frame planning and decoding, tool schemas, the registry, the trace — is the real code.

@@ -56,7 +56,7 @@ def test_config_flips_only_the_backend(tiny_models, tmp_path):
 async def test_transformers_backend_enforces_json_schema(tiny_models):
     pytest.importorskip("xgrammar")
     from medclaw.engine.backends.hf import TransformersBackend
-    from medclaw.engine.prompt import Conversation
+    from medclaw.requests.conversation import Conversation
     from medclaw.models.spec import ModelSpec
 
     schema = {"type": "object", "additionalProperties": False, "required": ["tool", "args"],

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from medclaw.errors import ConfigError
-from medclaw.kernels.barcode import read_frame_indices
+from medclaw.synth.barcode import read_frame_indices
 from medclaw.kernels.decoders import (
     AUTO_ORDER, DECODERS, available_decoders, make_decoder, resolve,
 )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from medclaw.errors import ConfigError
-from medclaw.kernels.barcode import read_frame_indices
+from medclaw.synth.barcode import read_frame_indices
 from medclaw.kernels.errors import (
     DecodeTimeoutError, FrameTooLargeError, InvalidCropError, TimeRangeError,
 )

@@ -160,7 +160,7 @@ def test_importing_kernels_stays_light():
     import sys
 
     code = ("import sys, medclaw.kernels.planner, medclaw.kernels.frames, medclaw.kernels.cache, "
-            "medclaw.kernels.decoders, medclaw.kernels.ops, medclaw.kernels.bench_decode; "
+            "medclaw.kernels.decoders, medclaw.kernels.ops, medclaw.bench.decode; "
             "print(sorted(m for m in ('torch', 'numpy', 'av', 'torchcodec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -165,7 +165,7 @@ def test_importing_the_registry_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys, medclaw.models.registry, medclaw.models.cli, medclaw.models.store, "
+    code = ("import sys, medclaw.models.registry, medclaw.cli.models, medclaw.models.store, "
             "medclaw.models.tiny; print(json.dumps(sorted(m for m in ('torch', 'vllm', 'transformers', "
             "'numpy') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)

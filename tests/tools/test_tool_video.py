@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from medclaw.engine.backends.fake import ScriptedBackend
-from medclaw.kernels.barcode import read_frame_index, read_frame_indices
+from medclaw.synth.barcode import read_frame_index, read_frame_indices
 from medclaw.models.spec import ModelSpec
 from medclaw.tools.base import ToolContext
 from medclaw.tools.registry import default_registry

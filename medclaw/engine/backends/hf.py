@@ -28,7 +28,7 @@ from pathlib import Path
 from medclaw.engine.backends.base import (
     Backend, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
 )
-from medclaw.engine.output_format import split_output
+from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult

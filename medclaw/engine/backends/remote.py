@@ -8,7 +8,7 @@ Contract:
 - Media go inline, never as file paths: a video part becomes a `video_url` data URL
   `data:video/jpeg;base64,<frame1>,<frame2>,…` (comma-joined JPEG frames, vLLM's jpeg-sequence
   loader); an image part an `image_url` JPEG data URL. Every media part carries `uuid` =
-  `MediaItem.uuid`, so the server's prefix cache recognises the clip by identity (DESIGN.md
+  `MediaItem.uuid`, so the server's prefix cache recognises the clip by identity (docs/architecture.md
   rule 2). The frames' sampling fps (which sets Qwen2.5-VL's temporal spacing) is the server's
   `--media-io-kwargs '{"video": {"fps": 2.0}}'`, or, with `extra: {per_request_video_fps: true}`
   and a server started with `--trust-request-mm-kwargs`, the request's first video's fps
@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 
 from medclaw.engine.backends.base import Backend, RequestRejectedError, media_in_order
-from medclaw.engine.output_format import split_output
+from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult, MediaItem

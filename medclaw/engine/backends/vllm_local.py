@@ -9,7 +9,7 @@ Contract:
 - Prompts are rendered with the model's own chat template (media parts become the vision
   placeholders), media travel as `multi_modal_data` (video: `(uint8 (T,H,W,3), metadata)`, image:
   uint8 (H,W,3)) with `multi_modal_uuids` = `MediaItem.uuid`, so prefix caching recognises a clip
-  by identity, not pixels (DESIGN.md rule 2). Prefix caching is always on.
+  by identity, not pixels (docs/architecture.md rule 2). Prefix caching is always on.
 - `GenRequest.json_schema` is enforced by xgrammar with `disable_any_whitespace=True` (STACK.md:
   without it random weights fill the grammar's whitespace until `max_tokens`).
 - Each `GenResult` carries prompt / completion / cached tokens (`RequestOutput.num_cached_tokens`),
@@ -35,7 +35,7 @@ from pathlib import Path
 from medclaw.engine.backends.base import (
     Backend, RequestRejectedError, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
 )
-from medclaw.engine.output_format import split_output
+from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError, first_line
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult

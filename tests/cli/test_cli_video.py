@@ -65,7 +65,7 @@ def test_group_without_subcommand_prints_help(capsys):
 
 
 def test_cli_module_import_is_light():
-    code = ("import sys, medclaw.kernels.cli; "
+    code = ("import sys, medclaw.cli.video; "
             "print(sorted(m for m in ('numpy', 'av', 'torch', 'PIL') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

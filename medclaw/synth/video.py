@@ -3,16 +3,16 @@
     synthesize(out_path, minutes, seed=0, width=640, height=360, fps=25) -> SynthVideo
 
 writes an H.264 (yuv420p, CRF 23, keyframe every 250 frames) video to `out_path` and its ground
-truth to `out_path.with_suffix(".json")` (schema: `synth_truth`). The video shows six phases, each
+truth to `out_path.with_suffix(".json")` (schema: `synth.truth`). The video shows six phases, each
 with its own scene colour and texture; saturated instruments (each a distinct colour and shape,
-`synth_truth.INSTRUMENTS`) enter and leave at known frames; a vessel gets titanium clips and is cut;
+`synth.truth.INSTRUMENTS`) enter and leave at known frames; a vessel gets titanium clips and is cut;
 a bleed appears and is sucked away; black sutures close an incision. Every frame carries its index
 as a barcode strip at the top (`barcode`), so decoders can be checked frame-exactly.
 
 Deterministic from the seed (the ground truth exactly; the bytes too, for one ffmpeg build).
 Rendering is numpy only: each phase's static scene is pre-rendered once; per frame we copy it and
 draw just what changes (instrument sprites, clips, stitches, blood, barcode) straight into a
-yuv420p buffer that is piped into `ffmpeg` (`synth_draw`: fast YUV canvas + plain RGB reference).
+yuv420p buffer that is piped into `ffmpeg` (`synth.draw`: fast YUV canvas + plain RGB reference).
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import shutil
 import subprocess
 import sys
 
-from medclaw.kernels.barcode import MAX_INDEX
+from medclaw.synth.barcode import MAX_INDEX
 from medclaw.kernels.errors import EncoderError
-from medclaw.kernels.synth_draw import Mask, YUVCanvas, even, scene, sprite
-from medclaw.kernels.synth_truth import (
+from medclaw.synth.draw import Mask, YUVCanvas, even, scene, sprite
+from medclaw.synth.truth import (
     BLOOD_COLOR, CLIP_COLOR, INSTRUMENTS, MAX_SUTURES, PHASES, SUTURE_COLOR, GroundTruth,
     make_ground_truth,
 )
@@ -142,13 +142,13 @@ class _Renderer:
     """Draws the frames of one ground truth on a canvas (`YUVCanvas` fast, `RGBCanvas` reference).
 
     `frames()` yields the same canvas object once per frame, redrawn in place. All geometry is
-    snapped to even pixels (see `synth_draw`).
+    snapped to even pixels (see `synth.draw`).
     """
 
     def __init__(self, gt: GroundTruth, seed: int, canvas_type=YUVCanvas):
         import numpy as np
 
-        from medclaw.kernels.barcode import strip_height
+        from medclaw.synth.barcode import strip_height
 
         self.gt, self.np = gt, np
         w, h = gt.width, gt.height
@@ -212,7 +212,7 @@ class _Renderer:
 
     def frames(self, indices=None):
         """Yield the canvas drawn with frame i, for i in `indices` (default: every frame)."""
-        from medclaw.kernels.barcode import frame_index_row
+        from medclaw.synth.barcode import frame_index_row
 
         gt, canvas = self.gt, self.canvas
         present, phase, clips, sutures = self._timeline()

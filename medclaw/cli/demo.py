@@ -92,8 +92,8 @@ def _handle(args) -> int:
 
 def _synth(path, minutes: float):
     """Reuse the video when it exists with the same ground truth (synthesis is deterministic)."""
-    from medclaw.kernels.synth import SynthVideo, synthesize
-    from medclaw.kernels.synth_truth import make_ground_truth
+    from medclaw.synth.video import SynthVideo, synthesize
+    from medclaw.synth.truth import make_ground_truth
 
     gt = make_ground_truth(minutes, 0, 320, 180, 25)
     gt_path = path.with_suffix(".json")
@@ -157,7 +157,7 @@ def _summary(trace, result, expected: str, timings: dict) -> dict:
 def _print(summary: dict, trace) -> None:
     from rich.console import Console
 
-    from medclaw.engine.trace_cli import render
+    from medclaw.cli.trace import render
 
     console = Console()
     render(trace, console)

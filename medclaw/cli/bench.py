@@ -6,11 +6,11 @@ import importlib
 
 # name → (module:function that adds the subparser, one-line help)
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "decode": ("medclaw.kernels.bench_decode:register",
+    "decode": ("medclaw.bench.decode:register",
                "decode speed / memory / frame accuracy vs qwen-vl-utils and ffmpeg"),
-    "kv": ("medclaw.engine.bench_kv:register",
+    "kv": ("medclaw.bench.kv:register",
            "prefix-cache reuse across questions, stages and turns on the configured preset"),
-    "e2e": ("medclaw.engine.bench_e2e:register",
+    "e2e": ("medclaw.bench.e2e:register",
             "end-to-end episodes: sequential vs concurrent throughput on shared engines"),
 }
 

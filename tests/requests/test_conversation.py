@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from medclaw.engine.prompt import Conversation, media_uuid
+from medclaw.requests.conversation import Conversation, media_uuid
 from medclaw.types import MediaItem
 
 SHA = "ab" * 32

@@ -18,13 +18,13 @@ from medclaw.errors import MedClawError
 
 # name → (module:function that adds the subparser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "ask": ("medclaw.engine.ask_cli:register", "answer a question about a video (the agent)"),
-    "models": ("medclaw.models.cli:register", "list presets, build tiny checkpoints, import weights"),
-    "video": ("medclaw.kernels.cli:register", "synthesise and probe videos"),
-    "kb": ("medclaw.kb.cli:register", "build and search the local surgical knowledge base"),
-    "trace": ("medclaw.engine.trace_cli:register", "show an episode trace"),
-    "bench": ("medclaw.bench_cli:register", "benchmarks: decode, kv (JSON output)"),
-    "demo": ("medclaw.demo:register", "end-to-end demo on tiny random weights"),
+    "ask": ("medclaw.cli.ask:register", "answer a question about a video (the agent)"),
+    "models": ("medclaw.cli.models:register", "list presets, build tiny checkpoints, import weights"),
+    "video": ("medclaw.cli.video:register", "synthesise and probe videos"),
+    "kb": ("medclaw.cli.kb:register", "build and search the local surgical knowledge base"),
+    "trace": ("medclaw.cli.trace:register", "show an episode trace"),
+    "bench": ("medclaw.cli.bench:register", "benchmarks: decode, kv (JSON output)"),
+    "demo": ("medclaw.cli.demo:register", "end-to-end demo on tiny random weights"),
 }
 
 

@@ -1,7 +1,7 @@
 """`medclaw bench kv`: how much prompt work the prefix cache saves, on the configured profile.
 
 Starts one in-process vLLM engine for the VLM (role video_expert) and one for the LLM (role
-orchestrator) and measures, with the prompt layouts of `medclaw.engine.prompt`:
+orchestrator) and measures, with the prompt layouts of `medclaw.requests.conversation`:
 
 - repeat_question_cached_fraction: questions 2..n about one clip — cached / prompt tokens;
 - stage2_cached_fraction: view_full_video stage 2 (continues stage 1's conversation with a hi-res
@@ -36,7 +36,7 @@ def _clip(seed: int, num_frames: int, side: int, fps: float, max_pixels: int):
     """A MediaItem of random frames with its own UUID (so its first use is a cache miss)."""
     import numpy as np
 
-    from medclaw.engine.prompt import media_uuid
+    from medclaw.requests.conversation import media_uuid
     from medclaw.types import MediaItem
 
     rng = np.random.default_rng(seed)
@@ -49,7 +49,7 @@ def _clip(seed: int, num_frames: int, side: int, fps: float, max_pixels: int):
 
 async def repeat_question_reuse(vlm, seed: int = 0, questions=QUESTIONS) -> dict:
     """Ask several questions about one clip, one after another (each a fresh conversation)."""
-    from medclaw.engine.prompt import Conversation
+    from medclaw.requests.conversation import Conversation
 
     clip = _clip(seed, num_frames=16, side=224, fps=2.0, max_pixels=224 * 224)
     prompt, cached = [], []
@@ -64,7 +64,7 @@ async def repeat_question_reuse(vlm, seed: int = 0, questions=QUESTIONS) -> dict
 
 async def stage2_reuse(vlm, seed: int = 1) -> dict:
     """Stage 1 on the low-res clip, then stage 2 appends the answer and a hi-res window."""
-    from medclaw.engine.prompt import Conversation
+    from medclaw.requests.conversation import Conversation
 
     low = _clip(seed, num_frames=16, side=224, fps=1.0, max_pixels=224 * 224)
     high = _clip(seed + 1000, num_frames=8, side=336, fps=4.0, max_pixels=336 * 336)
@@ -82,7 +82,7 @@ async def stage2_reuse(vlm, seed: int = 1) -> dict:
 
 
 def orchestrator_conversation(tool_specs: list[dict], question: str):
-    from medclaw.engine.prompt import Conversation
+    from medclaw.requests.conversation import Conversation
     from medclaw.engine.toolcall import describe_tools
 
     return Conversation(ORCHESTRATOR_SYSTEM + "\n\n" + describe_tools(tool_specs)).add_user(

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from medclaw.engine.output_format import split_output, split_think_answer
+from medclaw.requests.output_format import split_output, split_think_answer
 
 
 @pytest.mark.parametrize("text, answer, reasoning", [

@@ -1,4 +1,4 @@
-"""Prompt layout for KV-cache reuse (DESIGN.md "KV-cache reuse rules").
+"""Prompt layout for KV-cache reuse (docs/architecture.md "KV-cache reuse rules").
 
 vLLM's prefix cache reuses the KV of the longest *block-aligned* common prefix of two prompts, and
 identifies media by their UUID instead of their pixels. So:

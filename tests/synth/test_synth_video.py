@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from medclaw.kernels.barcode import read_frame_index, strip_height
-from medclaw.kernels.synth import synthesize
-from medclaw.kernels.synth_draw import SCENES
-from medclaw.kernels.synth_truth import (
+from medclaw.synth.barcode import read_frame_index, strip_height
+from medclaw.synth.video import synthesize
+from medclaw.synth.draw import SCENES
+from medclaw.synth.truth import (
     BLOOD_COLOR, CLIP_COLOR, INSTRUMENTS, PHASES, SUTURE_COLOR, GroundTruth, make_ground_truth,
 )
 
@@ -224,8 +224,8 @@ def test_same_seed_same_video(tmp_path):
 def test_fast_yuv_renderer_agrees_with_rgb_reference():
     """The yuv420p canvas synthesize() encodes == RGB reference drawing + BT.601 conversion:
     luma everywhere, chroma on every 2x2 block the reference paints in one colour."""
-    from medclaw.kernels.synth import _Renderer
-    from medclaw.kernels.synth_draw import RGBCanvas, rgb_to_yuv420
+    from medclaw.synth.video import _Renderer
+    from medclaw.synth.draw import RGBCanvas, rgb_to_yuv420
 
     gt = make_ground_truth(0.5, seed=11, width=256, height=144, fps=25)
     frames = sorted(_sample_frames(gt))[::3]

@@ -109,7 +109,7 @@ def _peak_mb_since(rss_before: int) -> float:
 
 
 def _accuracy(frames, expected) -> float:
-    from medclaw.kernels.barcode import read_frame_indices
+    from medclaw.synth.barcode import read_frame_indices
 
     got = read_frame_indices(frames)
     return round(sum(g == e for g, e in zip(got, expected)) / max(len(expected), 1), 4)
@@ -178,7 +178,7 @@ def _worker(argv: list[str]) -> None:
 
 def _measure(side: str, video: str, case: str, device: str, check: bool, threads: int) -> dict:
     env = {**os.environ, "FORCE_QWENVL_VIDEO_READER": "torchcodec"}
-    cmd = [sys.executable, "-m", "medclaw.kernels.bench_decode", "--worker", side, video, case,
+    cmd = [sys.executable, "-m", "medclaw.bench.decode", "--worker", side, video, case,
            device, "1" if check else "0", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
@@ -311,7 +311,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _worker(sys.argv[2:])
     else:
-        parser = argparse.ArgumentParser(prog="python -m medclaw.kernels.bench_decode")
+        parser = argparse.ArgumentParser(prog="python -m medclaw.bench.decode")
         register(parser)
         ns = parser.parse_args()
         sys.exit(ns.handler(ns))

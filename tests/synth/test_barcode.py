@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from medclaw.kernels.barcode import (
+from medclaw.synth.barcode import (
     MAX_INDEX, NUM_CELLS, BarcodeError, draw_frame_index, encode_cells, read_frame_index,
     read_frame_index_reference, read_frame_indices, strip_height,
 )

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from medclaw.kernels import bench_decode
-from medclaw.kernels.bench_decode import CASES, case_request, has_ground_truth, run_benchmark
+from medclaw.bench import decode as bench_decode
+from medclaw.bench.decode import CASES, case_request, has_ground_truth, run_benchmark
 
 KEYS = {"ours_s", "baseline_s", "speedup", "ffmpeg_all_s", "ratio_to_ffmpeg", "ours_peak_mb",
         "baseline_peak_mb", "frame_accuracy"}

@@ -44,7 +44,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _synth(args) -> int:
     import time
 
-    from medclaw.kernels.synth import synthesize
+    from medclaw.synth.video import synthesize
 
     started = time.perf_counter()
     try:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from medclaw import cli
-from medclaw.engine.bench_e2e import PASSES, questions_of, run_passes, summarise
+from medclaw.bench.e2e import PASSES, questions_of, run_passes, summarise
 from medclaw.engine.episode import EpisodeResult
 
 
@@ -56,7 +56,7 @@ def test_bad_arguments_are_one_line_errors_before_any_engine(tmp_path, capsys, f
 def test_both_passes_on_tiny_engines(tmp_path, tiny_cpu_specs, llm_engine, vlm_engine):
     from medclaw.engine.config import load_episode_config
     from medclaw.engine.runtime import Runtime
-    from medclaw.kernels.synth import synthesize
+    from medclaw.synth.video import synthesize
 
     videos = [synthesize(tmp_path / f"v{seed}.mp4", minutes=0.25, seed=seed, width=320,
                          height=180, fps=25, progress=False) for seed in (0, 1)]

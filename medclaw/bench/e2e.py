@@ -138,7 +138,7 @@ def _check_args(args) -> None:
 
 
 def _videos(out: Path, minutes: float) -> tuple[Path, Path]:
-    from medclaw.kernels.synth import synthesize
+    from medclaw.synth.video import synthesize
 
     out.mkdir(parents=True, exist_ok=True)
     return tuple(synthesize(out / f"video-{seed}.mp4", minutes=minutes, seed=seed, width=320,
@@ -197,7 +197,7 @@ def _handler(args) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m medclaw.engine.bench_e2e")
+    parser = argparse.ArgumentParser(prog="python -m medclaw.bench.e2e")
     register(parser)
     ns = parser.parse_args()
     sys.exit(ns.handler(ns))

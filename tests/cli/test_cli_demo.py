@@ -8,7 +8,7 @@ import json
 import pytest
 
 from medclaw import cli
-from medclaw.demo import DEMO_EVENT, RANDOM_WEIGHTS_LABEL
+from medclaw.cli.demo import DEMO_EVENT, RANDOM_WEIGHTS_LABEL
 from medclaw.engine.backends.fake import ScriptedBackend
 
 LOAD = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
