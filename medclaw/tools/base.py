@@ -3,7 +3,8 @@
 `run` gets the episode's `ToolContext` (the video, the engines by role, the shared frame source,
 the knowledge base, the skill library, the visual-token budget) and validated arguments, and
 returns an `Observation`. Mistakes the *model* made (a time past the end, an unparseable sub-agent
-reply) come back as `Observation(error=...)` for the orchestrator to read; bugs in our code raise.
+reply) come back as `Observation(error=...)` for the orchestrator to read; bugs in our code and
+lost engines raise (the registry decides which is which with `medclaw.errors.error_kind`).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
+from medclaw.errors import MedClawError
 from medclaw.types import Observation, VideoInfo
 
 
@@ -34,10 +36,12 @@ class ToolContext:
         return max(0, self.visual_token_budget - self.visual_tokens_used)
 
 
-class ToolError(Exception):
+class ToolError(MedClawError):
     """A problem the *model* caused inside a tool (a time past the end, a region with x1 >= x2,
     an unparseable sub-agent reply, the visual budget spent). The registry turns it into
-    `Observation(error=str(err))`; the message is written for the orchestrator to read and fix."""
+    `Observation(error=str(err))`; the message is one line, written for the orchestrator to read
+    and fix. (Tools need not catch other errors for that: the registry observes every exception
+    `medclaw.errors.ERROR_KINDS` calls MODEL.)"""
 
 
 def error_observation(tool: str, message: str, *, frames=(), model_calls=()) -> Observation:

@@ -8,17 +8,19 @@ Contract
   schema is our bug: it raises `ValueError` at registration, never at run time.
 - `specs()` lists the tools in registration order; `default_registry()` registers them in a fixed
   order, so the orchestrator's system prompt is byte-identical across episodes (prefix cache).
-- `await run(ctx, name, args)` never raises for a mistake the *model* made: an unknown tool,
-  arguments that fail the schema, a `TimeRangeError` / `InvalidCropError` from the kernels or a
-  `ToolError` from the tool
-  come back as `Observation(error=...)`. Any other exception is a bug and propagates.
+- `await run(ctx, name, args)` turns whatever the *model's* choice can cause into
+  `Observation(error=...)` for the orchestrator to read: an unknown tool, arguments that fail the
+  schema, and any exception the tool raises that `medclaw.errors.ERROR_KINDS` calls MODEL — a
+  `ToolError`, a region too thin to resize, a corrupt stretch of video, a decode timeout, a
+  rejected sub-agent request, any ValueError or OSError. Programming errors (TypeError,
+  AttributeError, …), lost engines / servers / memory, and cancellation propagate.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from medclaw.kernels.errors import InvalidCropError, TimeRangeError
-from medclaw.tools.base import Tool, ToolContext, ToolError, error_observation
+from medclaw.errors import MODEL, describe, error_kind
+from medclaw.tools.base import Tool, ToolContext, error_observation
 from medclaw.types import Observation
 
 _MAX_ERRORS_SHOWN = 3
@@ -88,8 +90,10 @@ class ToolRegistry:
             return error_observation("", problem)
         try:
             return await self._tools[name].run(ctx, args)
-        except (ToolError, TimeRangeError, InvalidCropError) as err:
-            return error_observation(name, str(err))
+        except Exception as err:
+            if error_kind(err) != MODEL:
+                raise
+            return error_observation(name, describe(err))
 
 
 def _describe(error) -> str:

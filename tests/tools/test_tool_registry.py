@@ -1,9 +1,14 @@
 """ToolRegistry: schema checks at registration, argument validation and error observations."""
+import asyncio
 import json
 
 import pytest
 
-from medclaw.kernels.errors import TimeRangeError
+from medclaw.engine.backends.base import RequestRejectedError
+from medclaw.errors import EngineLostError
+from medclaw.kernels.errors import (
+    CorruptVideoError, DecodeTimeoutError, FrameTooLargeError, TimeRangeError,
+)
 from medclaw.tools.base import Tool, ToolError
 from medclaw.tools.registry import ToolRegistry, check_bounded, default_registry
 from medclaw.types import Observation
@@ -102,12 +107,29 @@ async def test_run_unknown_tool_lists_available(bare_ctx):
     assert "unknown tool 'ech0'" in obs.error and "echo" in obs.error
 
 
-@pytest.mark.parametrize("exc", [ToolError("bad region"), TimeRangeError("t=99s past 60s")])
-async def test_model_caused_errors_become_observations(bare_ctx, exc):
+@pytest.mark.parametrize("exc, shown", [
+    (ToolError("bad region"), "bad region"),
+    (TimeRangeError("t=99s past 60s"), "t=99s past 60s"),
+    # what decoding a model-chosen region or window can raise: before, these left the episode
+    (FrameTooLargeError("frame aspect ratio 240 exceeds 200"), "frame aspect ratio 240 exceeds 200"),
+    (CorruptVideoError("v.mp4: corrupt data at frame 700 (28.00 s)"), "corrupt data at frame 700"),
+    (DecodeTimeoutError("v.mp4: decoding 64 frames took longer than 1 s"), "took longer"),
+    (RequestRejectedError("model 'vx' rejected the request: too long"), "rejected the request"),
+    (ValueError("max_pixels must be >= min_pixels"), "ValueError: max_pixels"),
+    (ZeroDivisionError("float division by zero"), "ZeroDivisionError: float division"),
+    (OSError("No such file or directory"), "OSError: No such file"),
+])
+async def test_model_caused_errors_become_observations(bare_ctx, exc, shown):
     obs = await ToolRegistry([Echo(raise_exc=exc)]).run(bare_ctx, "echo", {"n": 1})
-    assert obs.error == f"echo: {exc}"
+    assert obs.error.startswith("echo: ") and shown in obs.error and "\n" not in obs.error
 
 
-async def test_our_bugs_propagate(bare_ctx):
-    with pytest.raises(ZeroDivisionError):
-        await ToolRegistry([Echo(raise_exc=ZeroDivisionError())]).run(bare_ctx, "echo", {"n": 1})
+@pytest.mark.parametrize("exc", [
+    TypeError("bad operand"), AttributeError("no attribute"), NameError("x"), AssertionError(),
+    ImportError("no module"), NotImplementedError(), KeyError("k"),        # our bugs
+    EngineLostError("server gone"), MemoryError(),                            # lost engines/resources
+    asyncio.CancelledError(),                                                 # cancellation
+])
+async def test_bugs_lost_engines_and_cancellation_propagate(bare_ctx, exc):
+    with pytest.raises(type(exc)):
+        await ToolRegistry([Echo(raise_exc=exc)]).run(bare_ctx, "echo", {"n": 1})
