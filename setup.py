@@ -5,7 +5,7 @@ setup(
     name="medclaw",
     version="0.1.0",
     description="On-premise agent engine for question answering over long surgical videos",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # asyncio.timeout (episode wall budget)
     packages=find_packages(include=["medclaw", "medclaw.*"]),
     include_package_data=True,
     package_data={"medclaw": ["skills/library/*/SKILL.md", "kb/corpus/*", "models/presets.yaml"]},

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from medclaw.config_file import profile_name, read_config_file
 from medclaw.errors import ConfigError
 
 
@@ -89,7 +90,6 @@ class EpisodeConfig:
 
 # Episode settings a model profile needs to work at all (a table, not a branch per profile): the
 # tiny random-weight models need tight generation bounds or their JSON never closes (STACK.md).
-DEFAULT_PROFILE = "tiny-cpu"             # same default as medclaw.models.registry
 PROFILE_EPISODE_DEFAULTS: dict[str, dict] = {
     # min_tool_steps: a random model picks final_answer at once otherwise, and the demo would show
     # no tool, frame or cache at work; temperature 1 varies its choices instead of repeating one
@@ -108,26 +108,11 @@ def load_episode_config(config_path: str | Path | None = None, *, profile: str |
     The profile is resolved like the model registry does: `profile` > the config's `profile:` >
     "tiny-cpu".
     """
-    section: dict = {}
-    doc: dict = {}
-    if config_path is not None:
-        path = Path(config_path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        import yaml
-
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            line = getattr(getattr(err, "problem_mark", None), "line", None)
-            where = f" (line {line + 1})" if line is not None else ""
-            raise ConfigError(f"config file {path} is not valid YAML{where}") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"config file {path}: top level must be a mapping")
-        section = doc.get("episode") or {}
-        if not isinstance(section, dict):
-            raise ConfigError(f"config file {path}: `episode:` must be a mapping")
-    profile = profile or doc.get("profile") or DEFAULT_PROFILE
+    doc = read_config_file(config_path)
+    section = doc.get("episode") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {config_path}: `episode:` must be a mapping")
+    profile = profile_name(profile, doc)
     merged = {**PROFILE_EPISODE_DEFAULTS.get(profile, {}), **section}
     return EpisodeConfig.from_dict(merged).replace(**overrides)
 

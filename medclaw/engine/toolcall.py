@@ -20,14 +20,15 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from medclaw.requests.output_format import split_think_answer
+from medclaw.tools.schema import argument_problem
+
 THOUGHT_MAX_CHARS = 400          # a short rationale; long reasoning belongs in <think> (not here)
 STRING_MAX_CHARS = 256           # default cap for tool string arguments without maxLength
 ARRAY_MAX_ITEMS = 16             # default cap for arrays without maxItems
 MAX_OBJECT_STARTS = 64           # parser: candidate `{` positions tried before giving up
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?")
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)   # closed blocks only: an unclosed
-# <think> may still hold the call, so it is left for the JSON search
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -166,12 +167,14 @@ def _find_call(raw: str) -> dict | None:
     Order matters: a schema-constrained reply *is* one JSON object, and its free-text fields may
     contain `<think>`, `<tool_call>` or fences (random weights emit anything), so a reply that
     parses as a whole is never cut by tag handling. Only otherwise: a hermes `<tool_call>` block,
-    then the first object outside closed `<think>` blocks and code fences, then any object at all.
+    then the first object in the answer part (outside `<think>`) and code fences, then any object at all.
     """
     stripped = raw.strip()
     if stripped.startswith("{") and (obj := _object_at(stripped, 0)) is not None:
         return obj
-    without_think = _THINK_RE.sub(" ", raw)
+    # The one <think>/<answer> parser: the answer part, or "" when a <think> never closed (then
+    # the last resort below still searches the whole reply, which may hold the call).
+    without_think = split_think_answer(raw).answer
     hermes = _TOOL_CALL_RE.search(without_think)
     if hermes is not None and (obj := _first_json_object(_FENCE_RE.sub(" ", hermes.group(1)))):
         return obj
@@ -207,8 +210,6 @@ def _without_replacement_chars(value):
 
 def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
     """Parse one tool call from model output; never raises on what the model wrote."""
-    from jsonschema import Draft202012Validator
-
     raw = text if isinstance(text, str) else str(text)
     specs = {spec["name"]: spec for spec in tool_specs}
     names = ", ".join(specs)
@@ -228,14 +229,9 @@ def parse_action(text: str, tool_specs: list[dict]) -> Action | ActionError:
             return ActionError(f'"args" for {name} is not valid JSON: {args[:200]!r}', raw)
     if args is None:
         args = {}
-    if not isinstance(args, dict):
-        return ActionError(f'"args" for {name} must be a JSON object, got {type(args).__name__}', raw)
 
     args = _without_replacement_chars(args)
-    schema = specs[name].get("parameters") or {"type": "object"}
-    errors = sorted(Draft202012Validator(schema).iter_errors(args), key=lambda e: list(e.path))
-    if errors:
-        problems = "; ".join(
-            f"{'/'.join(str(p) for p in err.path) or 'args'}: {err.message}" for err in errors[:3])
-        return ActionError(f"bad arguments for {name}: {problems}", raw)
+    problem = argument_problem(name, specs[name].get("parameters") or {"type": "object"}, args)
+    if problem is not None:
+        return ActionError(problem, raw)
     return Action(tool=name, args=args, thought=thought.strip())

@@ -31,11 +31,12 @@ import json
 import os
 from pathlib import Path
 
+from medclaw.config_file import DEFAULT_PROFILE, read_config_file, read_yaml_mapping
+from medclaw.config_file import profile_name as choose_profile
 from medclaw.errors import ConfigError, ModelNotFoundError
 from medclaw.models import store
 from medclaw.models.spec import ROLES, ModelSpec
 
-DEFAULT_PROFILE = "tiny-cpu"
 PRESETS_FILE = Path(__file__).with_name("presets.yaml")
 SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
 # `hub_id` is documentation for humans: it is accepted in an entry but never used to load anything.
@@ -90,7 +91,7 @@ class Catalog:
 
 @functools.lru_cache(maxsize=1)
 def _builtin_catalog() -> Catalog:
-    data = _read_yaml(PRESETS_FILE)
+    data = read_yaml_mapping(PRESETS_FILE)
     catalog = Catalog(presets=dict(data.get("presets") or {}), profiles=dict(data.get("profiles") or {}))
     _validate_catalog(catalog, str(PRESETS_FILE))
     return catalog
@@ -136,11 +137,11 @@ def _check_entry(fields, where: str, allow_preset: bool = True) -> None:
 def load_models(config_path: str | os.PathLike | None = None, profile: str | None = None,
                 overrides: dict[str, str] | None = None) -> dict[str, ModelSpec]:
     """Resolve every role to a ModelSpec with a checked local path (see module docstring)."""
-    user = _read_user_config(config_path)
+    user = read_config_file(config_path)
     where = str(config_path) if config_path else "config"
     base_dir = Path(config_path).expanduser().resolve().parent if config_path else Path.cwd()
     cat = catalog(user, where)
-    profile_name = profile or user.get("profile") or DEFAULT_PROFILE
+    profile_name = choose_profile(profile, user)
     if not isinstance(profile_name, str) or profile_name not in cat.profiles:
         raise ConfigError(f"unknown profile {profile_name!r}; choose one of {sorted(cat.profiles)}")
     prof = cat.profiles[profile_name]
@@ -290,32 +291,3 @@ def _finish(fields: dict, where: str, build: bool = True) -> ModelSpec:
 
 # ---------------------------------------------------------------------------------------------
 # files
-
-def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read config {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError(f"config {path} is not valid YAML{at}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path} must be a YAML mapping at the top level")
-    return data
-
-
-def _read_user_config(config_path) -> dict:
-    if config_path is None:
-        return {}
-    path = Path(config_path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    data = _read_yaml(path)
-    if "profile" in data and not isinstance(data["profile"], str):
-        raise ConfigError(f"{path}: `profile` must be a profile name")
-    return data

@@ -11,7 +11,6 @@ from medclaw.errors import ConfigError
 
 ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge", "encoder")
 OUTPUT_FORMATS = ("plain", "think_answer")          # think_answer: <think>…</think><answer>…</answer>
-TOOL_CALL_FORMATS = ("json_schema", "hermes")        # how the orchestrator emits tool calls
 QUANTIZATIONS = (None, "awq", "gptq", "fp8", "bnb-4bit", "bnb-8bit")
 
 
@@ -32,7 +31,6 @@ class ModelSpec:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
-    tool_call_format: str = "json_schema"
     output_format: str = "plain"
     endpoints: list[str] = field(default_factory=list)   # remote backend: OpenAI-compatible base URLs
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. Qwen3 {enable_thinking: false}
@@ -41,8 +39,6 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.output_format not in OUTPUT_FORMATS:
             raise ConfigError(f"model {self.name!r}: output_format must be one of {OUTPUT_FORMATS}")
-        if self.tool_call_format not in TOOL_CALL_FORMATS:
-            raise ConfigError(f"model {self.name!r}: tool_call_format must be one of {TOOL_CALL_FORMATS}")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"model {self.name!r}: quantization must be one of {QUANTIZATIONS}")
         if not (0 < self.min_pixels <= self.max_pixels):

@@ -87,13 +87,6 @@ class Conversation:
         self._messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
         return self
 
-    def fork(self) -> Conversation:
-        """An independent copy sharing this history (e.g. several questions on one video)."""
-        other = Conversation()
-        other._messages = copy.deepcopy(self._messages)
-        other._media = dict(self._media)
-        return other
-
     def to_request(self, **sampling) -> GenRequest:
         """Snapshot into a GenRequest; `sampling` are GenRequest fields (max_tokens, json_schema…)."""
         if not any(m["role"] == "user" for m in self._messages):

@@ -9,7 +9,7 @@ lost engines raise (the registry decides which is which with `medclaw.errors.err
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from medclaw.errors import MedClawError
@@ -29,7 +29,6 @@ class ToolContext:
     skills: Any = None                 # skills.library.SkillLibrary or None
     visual_tokens_used: int = 0        # charged by the tools, checked by the episode budget
     visual_token_budget: int = 10 ** 9
-    state: dict = field(default_factory=dict)   # tool-private memory, e.g. stage-1 conversation
 
     @property
     def visual_tokens_left(self) -> int:

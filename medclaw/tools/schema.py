@@ -7,10 +7,14 @@ and answer with an error observation when they fall outside it.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+import json
+
 MAX_TIME_S = 86_400.0          # 24 h: longer than any procedure; the real check is the duration
 MAX_QUERY_CHARS = 500
 MAX_ANSWER_CHARS = 4000
 MAX_EVIDENCE_TIMES = 16
+MAX_PROBLEMS_SHOWN = 3         # schema errors named in one message to the model
 
 
 def time_field(description: str) -> dict:
@@ -32,3 +36,29 @@ def object_schema(properties: dict, required: list[str] | None = None) -> dict:
         "required": list(properties) if required is None else required,
         "additionalProperties": False,
     }
+
+
+# --- the one tool-argument validator (the orchestrator's parser and the registry both call it) ---
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str):
+    from jsonschema import Draft202012Validator   # light, but only the tools need it
+
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def argument_problem(tool_name: str, schema: dict, args: object) -> str | None:
+    """One line, written for the model, saying why `args` do not fit `schema`; None when they do.
+
+    Validators are cached by the schema's canonical JSON, so the per-turn cost is the check alone.
+    """
+    if not isinstance(args, dict):
+        return f"arguments of {tool_name} must be a JSON object, got {type(args).__name__}"
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
+    if not errors:
+        return None
+    shown = "; ".join(f"{'/'.join(str(p) for p in err.path) or '(arguments)'}: {err.message}"
+                      for err in errors[:MAX_PROBLEMS_SHOWN])
+    more = f" (+{len(errors) - MAX_PROBLEMS_SHOWN} more)" if len(errors) > MAX_PROBLEMS_SHOWN else ""
+    return f"invalid arguments for {tool_name}: {shown}{more}"

@@ -24,6 +24,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from medclaw.requests.output_format import split_think_answer
+
 # One time value. Alternatives, most specific first:
 #   h:mm:ss(.f) | m:ss(.f) | 1h2m3s / 1m02s / 2min / 12.5s / 12.5 seconds | bare number
 _UNIT_S = r"(?:s|sec|secs|second|seconds)"
@@ -44,8 +46,6 @@ _WINDOW_RE = re.compile(
     re.IGNORECASE)
 _TIME_RE = re.compile(rf"(?<![\w.:])(?P<t>{_TIME})(?!\w|:\d|\.\d)", re.IGNORECASE)
 _COMPONENT_RE = re.compile(rf"({_NUM})\s*({_UNIT_H}|{_UNIT_M}|{_UNIT_S})(?![a-z])", re.IGNORECASE)
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.IGNORECASE | re.DOTALL)
 # Lines that name the window the reply designates, e.g. "WINDOW: [01:02-01:10]", "Answer: 12-30".
 _LABEL_RE = re.compile(
     r"^\W*(?:refined\s+|candidate\s+|event\s+|tightest\s+)?"
@@ -92,16 +92,11 @@ class Timeline:
     entries: list[TimelineEntry] = field(default_factory=list)
     unparsed: list[str] = field(default_factory=list)   # non-empty lines with no leading time
 
-    def render(self) -> str:
-        return "\n".join(f"{Window(e.start_s, e.end_s)} {e.text}".rstrip() for e in self.entries)
-
 
 def strip_reasoning(text: str) -> str:
-    """Drop `<think>…</think>` (closed or not) and unwrap `<answer>…</answer>` when present."""
-    answers = _ANSWER_RE.findall(text)
-    if answers:
-        return "\n".join(a.strip() for a in answers)
-    return _THINK_RE.sub("", text).strip()
+    """Drop `<think>…</think>` (an unclosed one swallows the rest) and unwrap `<answer>…</answer>`:
+    the answer part of the one `<think>/<answer>` parser, `requests.output_format`."""
+    return split_think_answer(text).answer
 
 
 def _is_bare(token: str) -> bool:

@@ -87,14 +87,14 @@ profile: qwen-7b
 episode: {max_turns: 4}          # another section: ignored here
 models:
   judge: {preset: qwen2.5-7b, max_model_len: 4096, output_format: think_answer}
-  orchestrator: {path: weights/orch, tool_call_format: hermes}
+  orchestrator: {path: weights/orch, max_model_len: 8192}
 """)
     specs = registry.load_models(config)
     assert specs["video_expert"].name == "qwen2.5-vl-7b"
     assert specs["video_expert"].gpu_memory_utilization == 0.4          # qwen-7b profile default
     assert (specs["judge"].max_model_len, specs["judge"].output_format) == (4096, "think_answer")
     assert specs["orchestrator"].path == str(tmp_path / "weights" / "orch")   # relative to the config
-    assert specs["orchestrator"].tool_call_format == "hermes"
+    assert specs["orchestrator"].max_model_len == 8192
     assert specs["orchestrator"].name == "orch"                          # named after its folder
     # a flag beats the config, an explicit profile beats the config's profile
     assert registry.load_models(config, overrides={"judge": "qwen2.5-vl-7b"})["judge"].name == "qwen2.5-vl-7b"

@@ -68,12 +68,6 @@ def test_history_cannot_be_edited_from_outside():
     assert conversation.messages[1]["content"][0]["text"] == "q"
 
 
-def test_fork_is_independent():
-    base = Conversation("SYS").add_user("q")
-    fork = base.fork().add_assistant("a")
-    assert len(base) == 2 and len(fork) == 3
-
-
 def test_invalid_turns():
     with pytest.raises(ValueError):
         Conversation("SYS").to_request()
