@@ -11,16 +11,21 @@ object mean is the caller's business.
 `torn_tail_ok`: a writer killed mid-line (a trace is flushed after every step) leaves an
 unparsable last line; with this flag that line is dropped instead of raising. An unparsable line
 with more lines after it is still an error.
+
+`on_bad(line_number, reason)`: given, a line that is not one JSON object is handed to it and
+skipped instead of raising (readers that report every bad line and let the user choose to skip
+them or stop, e.g. evaluation datasets). Unreadable files still raise.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def iter_objects(path: str | Path, error: type[Exception], *, hint: str = "",
-                 torn_tail_ok: bool = False) -> Iterator[tuple[int, dict]]:
+                 torn_tail_ok: bool = False,
+                 on_bad: Callable[[int, str], None] | None = None) -> Iterator[tuple[int, dict]]:
     suffix = f"; {hint}" if hint else ""
     bad: tuple[int, str] | None = None          # the first unparsable line: (number, reason)
     bad_is_last = True
@@ -35,9 +40,15 @@ def iter_objects(path: str | Path, error: type[Exception], *, hint: str = "",
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
+                    if on_bad is not None:
+                        on_bad(number, f"not valid JSON ({err.msg})")
+                        continue
                     bad = (number, err.msg)
                     continue
                 if not isinstance(row, dict):
+                    if on_bad is not None:
+                        on_bad(number, "not a JSON object")
+                        continue
                     raise error(f"{path}:{number}: not a JSON object{suffix}")
                 yield number, row
     except UnicodeDecodeError:

@@ -51,3 +51,13 @@ def test_binary_and_missing_files(tmp_path):
         _read(binary)
     with pytest.raises(ReaderError, match="missing.jsonl: cannot read"):
         _read(tmp_path / "missing.jsonl")
+
+
+def test_on_bad_reports_every_bad_line_and_goes_on(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"a": 1}\nnot json\n[1]\n{"b": 2}\n{"torn')
+    bad = []
+    rows = _read(path, on_bad=lambda number, reason: bad.append((number, reason)))
+    assert rows == [(1, {"a": 1}), (4, {"b": 2})]
+    assert [n for n, _ in bad] == [2, 3, 5]
+    assert bad[1][1] == "not a JSON object" and bad[0][1].startswith("not valid JSON")
