@@ -21,15 +21,13 @@ from collections.abc import Iterable, Sequence
 
 from medclaw.errors import MODEL, describe, error_kind
 from medclaw.tools.base import Tool, ToolContext, error_observation
+from medclaw.tools.schema import argument_problem
 from medclaw.types import Observation
-
-_MAX_ERRORS_SHOWN = 3
 
 
 class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()):
         self._tools: dict[str, Tool] = {}
-        self._validators: dict[str, object] = {}
         for tool in tools:
             self.register(tool)
 
@@ -50,7 +48,6 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r}: invalid JSON schema: {err.message}") from None
         check_bounded(tool.parameters, where=tool.name)
         self._tools[tool.name] = tool
-        self._validators[tool.name] = Draft202012Validator(tool.parameters)
         return tool
 
     def get(self, name: str) -> Tool:
@@ -72,14 +69,7 @@ class ToolRegistry:
     # --- execution ----------------------------------------------------------------------------
     def validate(self, name: str, args: object) -> str | None:
         """One line describing why `args` do not fit tool `name`'s schema, or None when they do."""
-        if not isinstance(args, dict):
-            return f"arguments of {name} must be a JSON object, got {type(args).__name__}"
-        errors = sorted(self._validators[name].iter_errors(args), key=lambda e: list(e.path))
-        if not errors:
-            return None
-        shown = "; ".join(_describe(e) for e in errors[:_MAX_ERRORS_SHOWN])
-        more = f" (+{len(errors) - _MAX_ERRORS_SHOWN} more)" if len(errors) > _MAX_ERRORS_SHOWN else ""
-        return f"invalid arguments for {name}: {shown}{more}"
+        return argument_problem(name, self._tools[name].parameters, args)
 
     async def run(self, ctx: ToolContext, name: str, args: object) -> Observation:
         if name not in self._tools:
@@ -94,11 +84,6 @@ class ToolRegistry:
             if error_kind(err) != MODEL:
                 raise
             return error_observation(name, describe(err))
-
-
-def _describe(error) -> str:
-    where = "/".join(str(p) for p in error.path) or "(arguments)"
-    return f"{where}: {error.message}"
 
 
 def check_bounded(schema: dict, *, where: str = "schema") -> None:
