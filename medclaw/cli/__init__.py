@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("medclaw.cli.trace:register", "show an episode trace"),
     "bench": ("medclaw.cli.bench:register", "benchmarks: decode, kv (JSON output)"),
     "demo": ("medclaw.cli.demo:register", "end-to-end demo on tiny random weights"),
+    "doctor": ("medclaw.cli.doctor:register",
+               "check offline settings, devices, decoders, models; --airgap -- COMMAND"),
 }
 
 
@@ -45,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # A subcommand that passes unknown flags through (e.g. `models serve` → vLLM) sets
+    # `pass_through=True`; everywhere else an unknown flag is the usual argparse error.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "pass_through", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.passed_through = unknown
     handler = getattr(args, "handler", None)
     if handler is None:
         # `medclaw` or `medclaw GROUP` with no subcommand: show the relevant help.

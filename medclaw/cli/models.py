@@ -5,6 +5,8 @@
     medclaw models make-tiny [DIR] [--seed N]
     medclaw models import NAME SRC [--copy] [--force]
     medclaw models verify NAME
+    medclaw models serve NAME [--host H] [--port P] [--tensor-parallel-size N]
+                              [--data-parallel-size N] [--role ROLE] [--dry-run] [vLLM args …]
 
 Also exports `add_model_arguments(parser)` / `models_from_args(args)` so that other commands
 (`ask`, `eval`, `demo`, …) take the same `--config/--profile/--model` flags.
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+ROLES_FOR_SERVE = ("orchestrator", "video_expert", "frame_verifier", "judge")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +64,23 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("verify", help="re-hash a stored model against its manifest")
     p.add_argument("name")
     p.set_defaults(handler=_verify)
+
+    p = sub.add_parser("serve", allow_abbrev=False,
+                       help="start vLLM's OpenAI-compatible server for a model, with MedClaw's flags",
+                       description="Start vLLM's OpenAI-compatible server for a preset, an imported "
+                       "model or a folder, with every flag MedClaw relies on; prints the config "
+                       "lines that point a role at it. Unknown flags (e.g. --max-num-seqs 64) "
+                       "go to vLLM unchanged.")
+    p.add_argument("name", help="preset, imported model name or model folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tensor-parallel-size", type=int, metavar="N", help="GPUs per replica")
+    p.add_argument("--data-parallel-size", type=int, metavar="N", help="replicas behind this port")
+    p.add_argument("--profile", metavar="NAME", help="apply this profile's vLLM defaults (presets)")
+    p.add_argument("--role", choices=ROLES_FOR_SERVE,
+                   help="role in the printed config (default: video_expert for a VLM, else orchestrator)")
+    p.add_argument("--dry-run", action="store_true", help="print the config and the command only")
+    p.set_defaults(handler=_serve, pass_through=True)
 
 
 def _list(args) -> int:
@@ -115,6 +136,19 @@ def _import(args) -> int:
     dest = import_model(args.name, args.src, copy=args.copy, force=args.force)
     print(json.dumps({"name": args.name, "path": str(dest), "revision": revision_hash(dest)}))
     return 0
+
+
+def _serve(args) -> int:
+    from medclaw.models.registry import catalog
+    from medclaw.models.serve import ServeOptions, default_role, resolve_served_model, serve
+
+    options = ServeOptions(host=args.host, port=args.port,
+                           tensor_parallel_size=args.tensor_parallel_size,
+                           data_parallel_size=args.data_parallel_size,
+                           extra_args=list(args.passed_through))
+    spec = resolve_served_model(args.name, profile=args.profile)
+    return serve(spec, options, role=args.role or default_role(spec),
+                 is_preset=args.name in catalog().presets, dry_run=args.dry_run)
 
 
 def _verify(args) -> int:

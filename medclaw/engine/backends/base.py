@@ -6,7 +6,17 @@ engine (vLLM) batches them. Results always carry token accounting, including cac
 
 Below the contract: small helpers every real backend shares — forcing offline mode, telling a
 VLM checkpoint from a text one, turning GenRequest messages into chat-template input, pairing
-media parts with their MediaItems, and the video metadata for already-sampled frames.
+media parts with their MediaItems, the video metadata for already-sampled frames, and the
+fidelity check.
+
+Fidelity check (every real backend runs it on every request): what the engine saw is what
+MedClaw planned. `PromptPlan` counts the planned prompt tokens with the model's own tokenizer and
+chat template — the rendered text, where each media part is one placeholder token, minus the
+placeholders, plus each media item's visual tokens as the frame planner computes them
+(`kernels.planner.visual_tokens` of its frame count and size). `check_prompt_tokens` compares that
+with the number the engine reports and raises `FidelityError` (naming both numbers; also printed
+on stderr) on any difference: a server that kept 32 of 128 frames, a processor that resized the
+frames, a template that differs from the server's — never silently accepted.
 """
 from __future__ import annotations
 
@@ -14,6 +24,11 @@ import abc
 
 from medclaw.errors import MedClawError
 from medclaw.types import GenRequest, GenResult, MediaItem
+
+
+class FidelityError(MedClawError):
+    """The engine reported a different number of prompt tokens than MedClaw planned: it did not
+    see the frames (or text) MedClaw sent. One line, naming both numbers."""
 
 
 class RequestRejectedError(MedClawError):
@@ -128,3 +143,90 @@ def video_metadata(item: MediaItem) -> dict:
         "duration": num_frames / fps,
         "do_sample_frames": False,
     }
+
+
+# ------------------------------------------------------------------ fidelity check
+
+# Media placeholder token per media kind: each media part renders as exactly one of these in the
+# chat template (Qwen2-VL / Qwen2.5-VL family), and the engine replaces it by the visual tokens.
+MEDIA_PLACEHOLDERS = {"video": "<|video_pad|>", "image": "<|image_pad|>"}
+
+
+def media_tokens(item: MediaItem) -> int:
+    """Visual tokens the planner budgets for `item`: a video (T, H, W, 3) as planned; a still is
+    one temporal patch, i.e. a 2-frame clip."""
+    from medclaw.kernels.planner import FRAME_FACTOR, visual_tokens
+
+    shape = tuple(item.frames.shape)
+    if item.kind == "video":
+        return visual_tokens(int(shape[0]), int(shape[1]), int(shape[2]))
+    return visual_tokens(FRAME_FACTOR, int(shape[0]), int(shape[1]))
+
+
+def load_chat_tokenizer(model_path: str):
+    """The tokenizer whose chat template renders prompts (the processor's template as fallback)."""
+    from transformers import AutoTokenizer
+
+    from medclaw.errors import ConfigError
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if getattr(tokenizer, "chat_template", None) is None:
+        from transformers import AutoProcessor
+
+        template = getattr(AutoProcessor.from_pretrained(model_path), "chat_template", None)
+        if template is None:
+            raise ConfigError(f"model at {model_path} has no chat template")
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+def render_prompt(tokenizer, request: GenRequest, chat_template_kwargs: dict | None = None) -> str:
+    """The request as prompt text, rendered by the model's chat template (media → placeholders)."""
+    return tokenizer.apply_chat_template(
+        template_messages(request.messages), tokenize=False, add_generation_prompt=True,
+        **(chat_template_kwargs or {}))
+
+
+class PromptPlan:
+    """Counts the prompt tokens MedClaw plans for a request, with the model's tokenizer."""
+
+    __slots__ = ("model_name", "tokenizer", "_placeholder_ids")
+
+    def __init__(self, tokenizer, model_name: str):
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self._placeholder_ids: dict[str, int] = {}
+        unknown = getattr(tokenizer, "unk_token_id", None)
+        for kind, token in MEDIA_PLACEHOLDERS.items():
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != unknown:
+                self._placeholder_ids[kind] = token_id
+
+    def planned_tokens(self, text: str, media: list[MediaItem]) -> int:
+        """Tokens of `text` (placeholders included), each placeholder replaced by its media's
+        planned visual tokens. Raises FidelityError when the placeholders do not match the media."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        for kind in ("video", "image"):
+            wanted = sum(1 for item in media if item.kind == kind)
+            token_id = self._placeholder_ids.get(kind)
+            found = 0 if token_id is None else sum(1 for i in ids if i == token_id)
+            if found != wanted:
+                raise FidelityError(
+                    f"model {self.model_name!r}: the chat template rendered {found} {kind} "
+                    f"placeholder(s) for {wanted} {kind} item(s); cannot plan the prompt")
+        return len(ids) - len(media) + sum(media_tokens(item) for item in media)
+
+
+def check_prompt_tokens(model_name: str, request: GenRequest, planned: int, reported: int) -> None:
+    """Raise FidelityError (and log it on stderr) unless the engine saw the planned prompt."""
+    if planned == reported:
+        return
+    media = ", ".join(f"{item.kind} {tuple(item.frames.shape)}" for item in request.media) or "none"
+    message = (f"model {model_name!r} saw {reported} prompt tokens where MedClaw planned "
+               f"{planned} (text + visual tokens; media: {media}; request "
+               f"{request.request_id or '-'}): the engine dropped, resized or re-sampled input "
+               "(a server started without `medclaw models serve` keeps only 32 frames per video)")
+    import sys
+
+    print(f"medclaw: fidelity error: {message}", file=sys.stderr, flush=True)
+    raise FidelityError(message)

@@ -15,6 +15,8 @@ Contract:
   (it comes with vLLM); without it `supports_json_schema` is False and callers use the tolerant
   parser. Compiled grammars are cached per schema (one episode reuses a few schemas every step).
 - No prefix cache (`num_cached_tokens = 0`). Output is split per `spec.output_format`.
+- Fidelity: the processor's prompt length must equal the planned one (`base.PromptPlan`), checked
+  before generating; otherwise `FidelityError`.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from medclaw.engine.backends.base import (
-    Backend, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
+    Backend, PromptPlan, check_prompt_tokens, is_multimodal, media_in_order, set_offline_env,
+    template_messages, video_metadata,
 )
 from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError
@@ -88,6 +91,7 @@ class TransformersBackend(Backend):
         model_class = AutoModelForImageTextToText if self.is_multimodal else AutoModelForCausalLM
         self.model = model_class.from_pretrained(spec.path, **load_kwargs).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        self._plan = PromptPlan(self.tokenizer, spec.name)
         self.processor = AutoProcessor.from_pretrained(spec.path) if self.is_multimodal else None
         self.supports_json_schema = importlib.util.find_spec("xgrammar") is not None
         self._compiler = None                          # xgrammar GrammarCompiler, built on first use
@@ -124,10 +128,12 @@ class TransformersBackend(Backend):
                                          **self.spec.chat_template_kwargs)
 
     def _inputs(self, request: GenRequest):
+        """(processor inputs, planned prompt tokens) for `request`."""
         text = self._render(request)
         media = media_in_order(request)
+        planned = self._plan.planned_tokens(text, media)
         if not media:
-            return self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+            return self.tokenizer([text], return_tensors="pt", add_special_tokens=False), planned
         if self.processor is None:
             raise ValueError(f"model {self.model_name!r} is text-only; the request carries media")
         videos = [item for item in media if item.kind == "video"]
@@ -141,13 +147,16 @@ class TransformersBackend(Backend):
                           do_sample_frames=False)
         if images:
             kwargs["images"] = images
-        return self.processor(text=[text], return_tensors="pt", add_special_tokens=False, **kwargs)
+        return self.processor(text=[text], return_tensors="pt", add_special_tokens=False,
+                              **kwargs), planned
 
     def _generate_sync(self, request: GenRequest) -> GenResult:
         import torch
 
         started = time.perf_counter()
-        inputs = self._inputs(request).to(self.model.device)
+        inputs, planned = self._inputs(request)
+        check_prompt_tokens(self.model_name, request, planned, int(inputs["input_ids"].shape[1]))
+        inputs = inputs.to(self.model.device)
         sampling = {"do_sample": False}
         if request.temperature > 0:
             sampling = {"do_sample": True, "temperature": request.temperature}

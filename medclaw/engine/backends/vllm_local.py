@@ -10,8 +10,10 @@ Contract:
   placeholders), media travel as `multi_modal_data` (video: `(uint8 (T,H,W,3), metadata)`, image:
   uint8 (H,W,3)) with `multi_modal_uuids` = `MediaItem.uuid`, so prefix caching recognises a clip
   by identity, not pixels (docs/architecture.md rule 2). Prefix caching is always on.
-- `GenRequest.json_schema` is enforced by xgrammar with `disable_any_whitespace=True` (STACK.md:
-  without it random weights fill the grammar's whitespace until `max_tokens`).
+- `GenRequest.json_schema` is enforced by xgrammar with `disable_any_whitespace=True` (without
+  it random weights fill the grammar's whitespace until `max_tokens`).
+- Fidelity: the engine's prompt token count must equal the planned one (`base.PromptPlan`);
+  otherwise `FidelityError` (base.check_prompt_tokens).
 - Each `GenResult` carries prompt / completion / cached tokens (`RequestOutput.num_cached_tokens`),
   latency, the model name and `revision_hash(spec.path)`, the finish reason, and the answer /
   reasoning split of `spec.output_format`.
@@ -33,7 +35,8 @@ import uuid
 from pathlib import Path
 
 from medclaw.engine.backends.base import (
-    Backend, RequestRejectedError, is_multimodal, media_in_order, set_offline_env, template_messages, video_metadata,
+    Backend, PromptPlan, RequestRejectedError, check_prompt_tokens, is_multimodal, load_chat_tokenizer,
+    media_in_order, render_prompt, set_offline_env, video_metadata,
 )
 from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError, first_line
@@ -103,7 +106,8 @@ class VLLMBackend(Backend):
         self._closed = False
         self._per_request_seed = True
         self.block_size = 0            # KV block size the engine runs with (prefix-cache granularity)
-        self._tokenizer = _load_chat_tokenizer(spec.path)
+        self._tokenizer = load_chat_tokenizer(spec.path)
+        self._plan = PromptPlan(self._tokenizer, spec.name)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name=f"vllm-{spec.name}", daemon=True)
@@ -156,9 +160,7 @@ class VLLMBackend(Backend):
 
     def render(self, request: GenRequest) -> dict:
         """The vLLM prompt dict for `request`: text with placeholders, media data and uuids."""
-        text = self._tokenizer.apply_chat_template(
-            template_messages(request.messages), tokenize=False, add_generation_prompt=True,
-            **self.spec.chat_template_kwargs)
+        text = render_prompt(self._tokenizer, request, self.spec.chat_template_kwargs)
         prompt: dict = {"prompt": text}
         data: dict[str, list] = {}
         uuids: dict[str, list] = {}
@@ -187,6 +189,7 @@ class VLLMBackend(Backend):
         if self._closed or self._engine is None:
             raise RuntimeError(f"vLLM backend {self.model_name!r} is closed")
         prompt, params = self.render(request), self.sampling_params(request)
+        planned = self._plan.planned_tokens(prompt["prompt"], media_in_order(request))
         request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         started = time.perf_counter()
         future = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id), self._loop)
@@ -201,6 +204,7 @@ class VLLMBackend(Backend):
             raise RequestRejectedError(f"model {self.model_name!r} rejected the request: "
                                        f"{first_line(err)}") from None
         latency = time.perf_counter() - started
+        check_prompt_tokens(self.model_name, request, planned, len(output.prompt_token_ids or ()))
         completion = output.outputs[0]
         split = split_output(completion.text, self.spec.output_format)
         return GenResult(
@@ -232,17 +236,3 @@ class VLLMBackend(Backend):
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)
 
-
-def _load_chat_tokenizer(model_path: str):
-    """The tokenizer whose chat template renders prompts (the processor's template as fallback)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if getattr(tokenizer, "chat_template", None) is None:
-        from transformers import AutoProcessor
-
-        template = getattr(AutoProcessor.from_pretrained(model_path), "chat_template", None)
-        if template is None:
-            raise ConfigError(f"model at {model_path} has no chat template")
-        tokenizer.chat_template = template
-    return tokenizer
