@@ -1,0 +1,152 @@
+"""A synthetic evaluation set with exact gold, from the procedure generator's ground truth.
+
+    make_synthetic(out_dir, videos=N, minutes=M, seed=S) -> Path of OUT_DIR/dataset.jsonl
+
+writes `videos/video-<k>.mp4` (+ its ground-truth JSON, `medclaw.synth`) for k = 0..N-1 (seed
+S + k) and one native dataset (`eval.dataset`) whose gold comes from the schedule the renderer
+drew, never from pixels. Question families (`QUESTIONS`), each with a gold window:
+
+    before_after (VTR)   which instrument entered just before / after an event; window = from
+                         that arrival to the event (the adjacent window directed re-look reads)
+    count        (VTR)   how many clips / sutures; window = first to last placement
+    presence     (VPR)   which instruments are visible at t; window = the stretch around t in
+                         which that set does not change
+    phase        (VPR)   which phase is shown at t; window = that phase
+    phase_content(VPR)   which instruments are used during a phase; window = that phase
+
+Questions are interleaved by family so that `per_video` keeps a mix. Ids are `v<k>-<family>-<n>`.
+Deterministic from the arguments.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from medclaw.eval.dataset import EvalRecord, write_dataset
+from medclaw.synth.truth import INSTRUMENTS, PHASES, GroundTruth
+
+DATASET_NAME = "dataset.jsonl"
+INSTRUMENT_NAMES = sorted(INSTRUMENTS)
+
+
+def _label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def _round(t: float) -> float:
+    return round(float(t), 2)
+
+
+def _before_after(gt: GroundTruth) -> list[dict]:
+    items = []
+    relations = {r["event"]: r for r in gt.relations}
+    plans = (("cut", "instrument_in_before", "Which instrument was brought in just before the vessel was cut?"),
+             ("bleeding_start", "instrument_in_after",
+              "Which instrument was brought in just after the bleeding started?"),
+             ("suture #1", "instrument_in_before", "Which instrument appeared just before the first suture?"))
+    for event, side, question in plans:
+        relation = relations.get(event)
+        if relation is None or relation.get(side) is None:
+            continue
+        other = relation[side]
+        window = sorted((_round(other["time_s"]), _round(relation["time_s"])))
+        items.append(dict(type="VTR", subtype="before_after", question=question,
+                          gold=_label(other["instrument"]), gold_value=_label(other["instrument"]),
+                          gold_window_s=window, choices=[_label(n) for n in INSTRUMENT_NAMES]))
+    return items
+
+
+def _counts(gt: GroundTruth) -> list[dict]:
+    items = []
+    for kind, noun, question in (("clip_placed", "clips", "How many clips were placed on the vessel?"),
+                                 ("suture", "sutures", "How many sutures were placed?")):
+        events = gt.events_of(kind)
+        if not events:
+            continue
+        window = [_round(events[0]["time_s"]), _round(events[-1]["time_s"])]
+        items.append(dict(type="VTR", subtype="count", question=question,
+                          gold=f"{len(events)} {noun}", gold_value=len(events), gold_window_s=window))
+    return items
+
+
+def _stable_span(gt: GroundTruth, frame: int) -> tuple[int, int]:
+    """The frames around `frame` over which the set of visible instruments does not change."""
+    changes = sorted({0, gt.num_frames} | {s[k] for spans in gt.presence.values() for s in spans
+                                           for k in ("start_frame", "end_frame")})
+    start = max(c for c in changes if c <= frame)
+    end = min(c for c in changes if c > frame)
+    return start, end
+
+
+def _presence(gt: GroundTruth, rng) -> list[dict]:
+    items = []
+    for fraction in (float(rng.uniform(0.15, 0.45)), float(rng.uniform(0.55, 0.85))):
+        t = round(fraction * gt.duration_s, 1)
+        frame = gt.frame_at(t)
+        visible = [_label(n) for n in gt.instruments_at(frame)]
+        start, end = _stable_span(gt, frame)
+        items.append(dict(type="VPR", subtype="presence",
+                          question=f"Which instruments are visible at {t:g} s?",
+                          gold=", ".join(visible) if visible else "none", gold_value=visible,
+                          gold_window_s=[_round(start / gt.fps), _round(end / gt.fps)],
+                          choices=[_label(n) for n in INSTRUMENT_NAMES]))
+    return items
+
+
+def _phase(gt: GroundTruth, rng) -> list[dict]:
+    phase = gt.phases[int(rng.integers(len(gt.phases)))]
+    t = round((phase["start_s"] + phase["end_s"]) / 2, 1)
+    return [dict(type="VPR", subtype="phase", question=f"Which phase of the procedure is shown at {t:g} s?",
+                 gold=phase["name"], gold_value=phase["name"],
+                 gold_window_s=[_round(phase["start_s"]), _round(phase["end_s"])], choices=list(PHASES))]
+
+
+def _phase_content(gt: GroundTruth, rng) -> list[dict]:
+    phase = gt.phases[int(rng.integers(len(gt.phases)))]
+    used = sorted(_label(name) for name, spans in gt.presence.items()
+                  if any(s["start_frame"] < phase["end_frame"] and s["end_frame"] > phase["start_frame"]
+                         for s in spans))
+    return [dict(type="VPR", subtype="phase_content",
+                 question=f"Which instruments are used during the {phase['name']} phase?",
+                 gold=", ".join(used) if used else "none", gold_value=used,
+                 gold_window_s=[_round(phase["start_s"]), _round(phase["end_s"])],
+                 choices=[_label(n) for n in INSTRUMENT_NAMES])]
+
+
+QUESTIONS = ("before_after", "count", "presence", "phase", "phase_content")
+
+
+def questions_for(gt: GroundTruth, seed: int) -> list[dict]:
+    """The question dicts of one video, interleaved by family (see module docstring)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed + 7919)    # apart from the renderer's own stream
+    families = [_before_after(gt), _counts(gt), _presence(gt, rng), _phase(gt, rng),
+                _phase_content(gt, rng)]
+    out, depth = [], max(len(f) for f in families)
+    for level in range(depth):
+        out.extend(f[level] for f in families if level < len(f))
+    return out
+
+
+def make_synthetic(out_dir: str | Path, *, videos: int, minutes: float, seed: int = 0,
+                   width: int = 320, height: int = 180, fps: float = 25, split: str = "synthetic",
+                   per_video: int | None = None) -> Path:
+    """Render `videos` procedure videos and write OUT_DIR/dataset.jsonl (see module docstring)."""
+    from medclaw.synth.video import synthesize
+
+    out = Path(out_dir)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    records: list[EvalRecord] = []
+    for k in range(videos):
+        video = synthesize(out / "videos" / f"video-{k}.mp4", minutes=minutes, seed=seed + k,
+                           width=width, height=height, fps=fps, progress=False)
+        items = questions_for(video.gt, seed + k)
+        if per_video is not None:
+            items = items[:per_video]
+        counters: dict[str, int] = {}
+        for item in items:
+            n = counters[item["subtype"]] = counters.get(item["subtype"], 0) + 1
+            records.append(EvalRecord(id=f"v{k}-{item['subtype']}-{n}", video=str(video.path),
+                                      split=split, gold_window_s=tuple(item.pop("gold_window_s")),
+                                      **item))
+    return write_dataset(out / DATASET_NAME, records, relative_to=out)
