@@ -1,28 +1,58 @@
 """The shared machinery many episodes run on: engines per role, frame source, KB, skills, tools.
 
     runtime = Runtime(specs, knowledge_base=kb, skills=library)   # nothing starts yet
-    ... await run_episode(q, video, runtime, config) ...            # engines start on first use
+    await runtime.start(on_engine=print)                           # every engine, one line each
+    ... await run_episode(q, video, runtime, config) ...
     await runtime.close()
 
 - One backend *instance* per distinct model: roles whose specs name the same backend kind and the
   same local folder (and endpoints) share it. On the tiny-cpu profile that is one VLM engine for
   video_expert + frame_verifier and one LLM engine for orchestrator + judge. The first role's
   spec configures the shared engine.
-- Lazy: a backend is constructed the first time a role is asked for (`get_backend` / the mapping
-  handed to tools), i.e. after every input check has passed. A backend with an async `start()`
-  has it awaited once, under a lock, so concurrent episodes never start an engine twice.
+- `start()` builds every configured role's engine, one at a time (engines compete for the same
+  cores), then loads the knowledge base's encoder and the frame source and tool table, and
+  fingerprints the models for trace headers — all off the event loop. `run_episode` calls it
+  before the episode's clock starts, so budgets time the episode only; the CLI calls it first
+  to show one progress line per engine (`on_engine(EngineReady)`).
+- An engine build is never abandoned half-way and never started twice: each build runs to the
+  end in its own thread, once per shared key, whoever asked for it. A caller that stops waiting
+  (a cancelled episode, an expired budget) leaves it running; the next caller gets that engine.
+  A backend with an async `start()` has it run once, as a task no waiter can cancel.
+- `get_backend` / the mapping handed to tools still build lazily on first use, for callers that
+  skip `start()`.
 - `backends` may be given pre-built per role (tests inject scripted fakes, or session engines);
-  those belong to the caller: `close()` only closes what the runtime built itself.
+  those belong to the caller: `close()` only closes what the runtime built itself. `close()`
+  waits for builds still running, then closes every engine built.
 - The `encoder` role is not a generation engine: the knowledge base loads its own encoder.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from medclaw.errors import EngineLostError
+
 GENERATION_ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge")
+
+
+@dataclass(slots=True)
+class EngineReady:
+    """One engine (or the KB encoder) ready: what `Runtime.start` reports per engine."""
+
+    name: str                      # model name
+    kind: str                      # backend kind ("vllm", "remote", …) or "encoder"
+    roles: list[str]
+    seconds: float                 # time this start call spent on it
+
+    def line(self) -> str:
+        return (f"engine {self.name} ({self.kind}) for {', '.join(self.roles)}: "
+                f"ready in {self.seconds:.1f} s")
 
 
 class Runtime:
@@ -37,10 +67,11 @@ class Runtime:
         self._frame_source_kwargs = dict(frame_source_kwargs or {})
         self._by_role: dict[str, Any] = dict(backends or {})
         self._by_key: dict[tuple, Any] = {}
-        self._started: set[int] = set()
-        self._locks: dict = {}
-        self._locks_loop = None
+        self._builds: dict[tuple, concurrent.futures.Future] = {}
+        self._starts: dict[int, asyncio.Future] = {}        # id(backend) -> its start() task
+        self._guard = threading.Lock()
         self._revisions: dict[tuple, str | None] = {}
+        self._encoder_ready = False
         self.closed = False
 
     # --- engines ------------------------------------------------------------------------------
@@ -63,54 +94,118 @@ class Runtime:
 
         return backend_class(spec.backend)(spec)
 
-    def backend(self, role: str):
-        """The backend serving `role`, constructed on first request (blocking: tools' path)."""
+    def _check_open(self) -> None:
         if self.closed:
-            raise RuntimeError("runtime is closed")
+            raise EngineLostError("the runtime is closed: its engines have been shut down")
+
+    def _build(self, role: str) -> concurrent.futures.Future:
+        """The build of `role`'s engine: begun once per share key, in a thread of its own, and run
+        to the end whoever waits for it. A failed build is forgotten, so a later call retries."""
+        spec = self._spec_for(role)
+        key = self.share_key(spec)
+        with self._guard:
+            future = self._builds.get(key)
+            if future is None:
+                future = concurrent.futures.Future()
+                future.set_running_or_notify_cancel()     # from here on no waiter can cancel it
+                self._builds[key] = future
+                threading.Thread(target=self._run_build, args=(future, key, spec), daemon=True,
+                                 name=f"medclaw-build-{spec.name}").start()
+        return future
+
+    def _run_build(self, future: concurrent.futures.Future, key: tuple, spec) -> None:
+        try:
+            backend = self._construct(spec)
+        except BaseException as err:         # handed to every waiter
+            with self._guard:
+                del self._builds[key]
+            future.set_exception(err)
+            return
+        with self._guard:
+            self._by_key[key] = backend
+        future.set_result(backend)
+
+    def backend(self, role: str):
+        """The backend serving `role`, built on first request (blocking: the sync path)."""
+        self._check_open()
         if role not in self._by_role:
-            key = self.share_key(self._spec_for(role))
-            if key not in self._by_key:
-                self._by_key[key] = self._construct(self.specs[role])
-            self._by_role[role] = self._by_key[key]
+            self._by_role[role] = self._build(role).result()
         return self._by_role[role]
 
     async def get_backend(self, role: str):
-        """`backend(role)` without blocking the event loop.
-
-        Construction (a vLLM engine start takes ~40 s on CPU) runs in a worker thread, once per
-        shared key even when many episodes ask at the same moment; a backend's async `start()`,
-        if it has one, is awaited once as well.
-        """
-        if self.closed:
-            raise RuntimeError("runtime is closed")
+        """`backend(role)` without blocking the event loop (see the module docstring)."""
+        self._check_open()
         if role not in self._by_role:
-            spec = self._spec_for(role)
-            key = self.share_key(spec)
-            async with self._lock(("build", key)):
-                if key not in self._by_key:
-                    self._by_key[key] = await asyncio.to_thread(self._construct, spec)
-            self._by_role[role] = self._by_key[key]
+            # wrap_future's cancel cannot stop the build (the future is already running)
+            self._by_role[role] = await asyncio.wrap_future(self._build(role))
         backend = self._by_role[role]
-        start = getattr(backend, "start", None)
-        if start is not None and asyncio.iscoroutinefunction(start) and id(backend) not in self._started:
-            async with self._lock(("start", id(backend))):
-                if id(backend) not in self._started:
-                    await start()
-                    self._started.add(id(backend))
+        await self._run_start(backend)
         return backend
 
-    async def start(self, roles=GENERATION_ROLES) -> None:
-        """Build the backends of `roles` now (one at a time: engines compete for the same cores)."""
-        for role in roles:
-            if role in self.specs or role in self._by_role:
-                await self.get_backend(role)
+    async def _run_start(self, backend) -> None:
+        start = getattr(backend, "start", None)
+        if start is None or not asyncio.iscoroutinefunction(start):
+            return
+        with self._guard:
+            task = self._starts.get(id(backend))
+            if task is None:
+                task = self._starts[id(backend)] = asyncio.ensure_future(start())
+        await asyncio.shield(task)           # a cancelled waiter leaves the start running
 
-    def _lock(self, name) -> asyncio.Lock:
-        # asyncio locks belong to one event loop; a runtime may outlive a loop (tests, notebooks).
-        loop = asyncio.get_running_loop()
-        if self._locks_loop is not loop:
-            self._locks, self._locks_loop = {}, loop
-        return self._locks.setdefault(name, asyncio.Lock())
+    def _is_ready(self, role: str) -> bool:
+        backend = self._by_role.get(role)
+        if backend is None:
+            return False
+        task = self._starts.get(id(backend))
+        start = getattr(backend, "start", None)
+        needs_start = start is not None and asyncio.iscoroutinefunction(start)
+        return not needs_start or (task is not None and task.done())
+
+    async def start(self, roles=GENERATION_ROLES, *,
+                    on_engine: Callable[[EngineReady], None] | None = None) -> list[EngineReady]:
+        """Make everything an episode needs ready now (see the module docstring); returns (and
+        passes to `on_engine`) one `EngineReady` per engine this call had to start. Idempotent."""
+        self._check_open()
+        groups: dict[object, list[str]] = {}
+        for role in roles:
+            if role in self._by_role:
+                groups.setdefault(("given", id(self._by_role[role])), []).append(role)
+            elif role in self.specs:
+                groups.setdefault(self.share_key(self.specs[role]), []).append(role)
+        ready = []
+        for group in groups.values():
+            if all(self._is_ready(role) for role in group):
+                continue
+            started = time.perf_counter()
+            for role in group:
+                backend = await self.get_backend(role)
+            spec = self.specs.get(group[0])
+            ready.append(EngineReady(
+                name=getattr(spec, "name", None) or getattr(backend, "model_name", group[0]),
+                kind=getattr(spec, "backend", None) or type(backend).__name__,
+                roles=group, seconds=time.perf_counter() - started))
+            if on_engine is not None:
+                on_engine(ready[-1])
+        warm = getattr(self.knowledge_base, "warm", None)
+        if warm is not None and not self._encoder_ready:
+            started = time.perf_counter()
+            await asyncio.to_thread(warm)
+            self._encoder_ready = True
+            name = str((getattr(self.knowledge_base, "manifest", None) or {})
+                       .get("encoder", {}).get("name", "sentence encoder"))
+            ready.append(EngineReady(name=name, kind="encoder", roles=["knowledge base"],
+                                     seconds=time.perf_counter() - started))
+            if on_engine is not None:
+                on_engine(ready[-1])
+        # first touches that would otherwise stall an episode's event loop: the frame source
+        # (imports the decoders), the tool table (jsonschema) and the model fingerprints
+        await asyncio.to_thread(self._prepare)
+        return ready
+
+    def _prepare(self) -> None:
+        _ = self.frames              # FrameSource: imports the decoders
+        _ = self.registry            # the tool table: jsonschema checks every schema
+        self.model_info()            # fills the revision cache the trace header reads
 
     def backends_view(self) -> Mapping:
         """A role → backend mapping for `ToolContext.backends` that builds backends on access."""
@@ -173,13 +268,21 @@ class Runtime:
     async def close(self) -> None:
         """Close every backend this runtime built (each shared instance once). Safe to call twice.
 
-        Backends passed in via `backends=` belong to the caller and are left running. One
-        backend failing to close does not leave the others running: the first error is re-raised
-        after every backend (and the frame source) had its turn.
+        Builds still running are waited for first, so that no engine is left behind. Backends
+        passed in via `backends=` belong to the caller and are left running. One backend failing
+        to close does not leave the others running: the first error is re-raised after every
+        backend (and the frame source) had its turn.
         """
         if self.closed:
             return
         self.closed = True
+        with self._guard:
+            pending = list(self._builds.values())
+        for future in pending:
+            try:
+                await asyncio.wrap_future(future)
+            except Exception:                # noqa: BLE001 — a failed build left nothing to close
+                pass
         errors = []
         for backend in self._by_key.values():
             try:

@@ -65,7 +65,9 @@ async def test_roles_with_same_model_share_one_backend(tmp_path, built):
     await runtime.close()
     await runtime.close()                                    # safe twice, each engine closed once
     assert [b.closed for b in built] == [1, 1]
-    with pytest.raises(RuntimeError, match="closed"):
+    from medclaw.errors import EngineLostError
+
+    with pytest.raises(EngineLostError, match="closed"):
         runtime.backend("orchestrator")
 
 
@@ -123,6 +125,84 @@ async def test_close_closes_every_backend_even_when_one_fails(tmp_path, built):
     with pytest.raises(OSError, match="already gone"):
         await runtime.close()
     assert second.closed == 1
+
+
+async def test_a_build_outlives_a_cancelled_waiter_and_is_never_repeated(tmp_path, monkeypatch):
+    """The wall budget (or any cancellation) may stop a caller waiting for an engine build; the
+    build itself finishes, and the next caller gets that same engine instead of a second one."""
+    import threading
+
+    built, release = [], threading.Event()
+
+    def slow_construct(spec):
+        release.wait(30)                  # an engine start in progress (blocking, like vLLM's)
+        built.append(_Built(spec))
+        return built[-1]
+
+    monkeypatch.setattr(Runtime, "_construct", staticmethod(slow_construct))
+    runtime = Runtime(_specs(tmp_path))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(runtime.get_backend("orchestrator"), 0.05)
+    waiter = asyncio.ensure_future(runtime.get_backend("judge"))     # same engine, still building
+    await asyncio.sleep(0.05)
+    release.set()
+    backend = await waiter
+    assert await runtime.get_backend("orchestrator") is backend
+    assert len(built) == 1
+    await runtime.close()
+    assert backend.closed == 1
+
+
+async def test_close_waits_for_a_running_build_and_closes_it(tmp_path, monkeypatch):
+    import threading
+
+    built, release = [], threading.Event()
+
+    def slow_construct(spec):
+        release.wait(30)
+        built.append(_Built(spec))
+        return built[-1]
+
+    monkeypatch.setattr(Runtime, "_construct", staticmethod(slow_construct))
+    runtime = Runtime(_specs(tmp_path))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(runtime.get_backend("video_expert"), 0.05)
+    closing = asyncio.ensure_future(runtime.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()                                  # the engine is not left behind
+    release.set()
+    await closing
+    assert [b.closed for b in built] == [1]
+    from medclaw.errors import EngineLostError
+
+    with pytest.raises(EngineLostError, match="closed"):
+        await runtime.get_backend("video_expert")
+
+
+async def test_start_builds_every_engine_once_with_one_report_each(tmp_path, built):
+    from medclaw.engine.backends.fake import ScriptedBackend
+
+    class KB:
+        warmed = 0
+        manifest = {"encoder": {"name": "minilm"}}
+
+        def warm(self):
+            KB.warmed += 1
+
+    given = ScriptedBackend([])
+    runtime = Runtime(_specs(tmp_path), knowledge_base=KB(), backends={"frame_verifier": given})
+    lines = []
+    ready = await runtime.start(on_engine=lambda r: lines.append(r.line()))
+    # orchestrator+judge share one engine; video_expert its own; the given frame_verifier is the
+    # caller's (already up); the KB encoder is loaded once
+    assert [(r.name, r.kind, r.roles) for r in ready] == [
+        ("tiny-llm", "fake", ["orchestrator", "judge"]), ("tiny-vlm", "fake", ["video_expert"]),
+        ("minilm", "encoder", ["knowledge base"])]
+    assert lines == [r.line() for r in ready] and lines[0].startswith("engine tiny-llm (fake) for")
+    assert len(built) == 2 and all(b.starts == 1 for b in built) and KB.warmed == 1
+    assert await runtime.start() == [] and len(built) == 2 and KB.warmed == 1     # idempotent
+    assert runtime.live_backends()["frame_verifier"] is given
+    await runtime.close()
 
 
 # --- episode config ------------------------------------------------------------------------------
