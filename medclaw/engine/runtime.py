@@ -63,6 +63,7 @@ class Runtime:
         self.knowledge_base = knowledge_base
         self.skills = skills
         self._registry = registry
+        self._registry_built = False       # True: ours to rebuild when skills change
         self._frames = frames
         self._frame_source_kwargs = dict(frame_source_kwargs or {})
         self._by_role: dict[str, Any] = dict(backends or {})
@@ -231,7 +232,16 @@ class Runtime:
 
             self._registry = default_registry(kb_types=_kb_types(self.knowledge_base),
                                               skill_names=_skill_names(self.skills))
+            self._registry_built = True
         return self._registry
+
+    def use_skills(self, skills) -> None:
+        """Swap the skill library between episodes; engines keep running (distillation's A/B
+        passes). A registry the runtime built is rebuilt on next use, so load_skill's name enum
+        follows the new library; a registry passed in by the caller is kept as it is."""
+        self.skills = skills
+        if self._registry_built:
+            self._registry, self._registry_built = None, False
 
     def model_info(self) -> dict[str, dict]:
         """Role → model identity for trace headers (no engine is started for this)."""

@@ -10,8 +10,13 @@ concrete steps that reference tool names.
     version: 1                       # integer >= 1; a distilled rewrite bumps it
     created_by: human                # "human", or e.g. "distillation:<run id>"
     tags: [temporal, before-after]
+    provenance: {...}                # optional: where a distilled skill came from (see below)
     ---
     # body …
+
+`provenance` (distilled skills): run_id, source_traces (the mining episodes whose failures taught
+the lesson), R_0 and R_s (mean validation reward without / with the skill), delta, date,
+previous_version.
 
 Contract
 - `SkillLibrary(dirs)` loads the shipped library (`medclaw/skills/library/`) and then each dir in
@@ -22,12 +27,19 @@ Contract
   the orchestrator's system-prompt prefix stays cache-stable (docs/architecture.md, KV-cache rule 1).
 - `get(name)` returns the `Skill`; an unknown name raises `SkillNotFoundError` listing the names.
 - `add(skill, dir)` writes `dir/<name>/SKILL.md` and registers it; it refuses to overwrite a file
-  whose version is >= the new one (versions only go up).
+  whose version is >= the new one (versions only go up). `install(skill, dir)` does the same but
+  first moves an existing `dir/<name>/SKILL.md` to `dir/.archive/v<version>/<name>/SKILL.md`:
+  nothing is ever deleted silently.
+- `staged_library(dirs, skills)`: a library of `dirs` plus `skills` written into a temporary
+  folder that is removed on exit (distillation tries candidates without leaving files behind).
+- `use_library(runtime, library)`: swap the skill library of a running `Runtime` between episodes;
+  the engines keep running.
 """
 from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +47,8 @@ from medclaw.errors import MedClawError, first_line
 
 SKILL_FILE = "SKILL.md"
 REQUIRED_FIELDS = ("name", "description", "trigger", "version", "created_by", "tags")
+OPTIONAL_FIELDS = ("provenance",)
+ARCHIVE_DIR = ".archive"
 _NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
@@ -65,6 +79,7 @@ class Skill:
     tags: list[str] = field(default_factory=list)
     body: str = ""
     path: str = ""             # where it was loaded from / written to ("" for a new skill)
+    provenance: dict | None = None
 
     def __post_init__(self) -> None:
         where = self.path or f"skill {self.name!r}"
@@ -78,6 +93,8 @@ class Skill:
             raise SkillFormatError(f"{where}: version must be an integer >= 1, got {self.version!r}")
         if not isinstance(self.tags, list) or not all(isinstance(t, str) and t for t in self.tags):
             raise SkillFormatError(f"{where}: tags must be a list of strings")
+        if self.provenance is not None and not isinstance(self.provenance, dict):
+            raise SkillFormatError(f"{where}: provenance must be a mapping")
 
     def to_markdown(self) -> str:
         import yaml
@@ -85,6 +102,8 @@ class Skill:
         meta = {"name": self.name, "description": self.description.strip(),
                 "trigger": self.trigger.strip(), "version": self.version,
                 "created_by": self.created_by.strip(), "tags": list(self.tags)}
+        if self.provenance:
+            meta["provenance"] = dict(self.provenance)
         front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=10 ** 6)
         return f"---\n{front}---\n\n{self.body.strip()}\n"
 
@@ -111,12 +130,13 @@ def parse_skill(path: str | os.PathLike) -> Skill:
     missing = [key for key in REQUIRED_FIELDS if key not in meta or meta[key] in (None, "")]
     if missing:
         raise SkillFormatError(f"{path}: frontmatter is missing {', '.join(missing)}")
-    unknown = sorted(set(meta) - set(REQUIRED_FIELDS))
+    unknown = sorted(set(meta) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
         raise SkillFormatError(f"{path}: unknown frontmatter field(s) {', '.join(map(str, unknown))}")
     skill = Skill(name=meta["name"], description=meta["description"], trigger=meta["trigger"],
                   version=meta["version"], created_by=meta["created_by"], tags=meta["tags"],
-                  body=text[match.end():].strip(), path=str(path))
+                  body=text[match.end():].strip(), path=str(path),
+                  provenance=meta.get("provenance"))
     if path.parent.name != skill.name:
         raise SkillFormatError(f"{path}: name {skill.name!r} must equal its folder name {path.parent.name!r}")
     if not skill.body:
@@ -180,3 +200,42 @@ class SkillLibrary:
         written = parse_skill(target)          # round-trip check: what we wrote must load
         self._skills[written.name] = written
         return target
+
+    def install(self, skill: Skill, dir: str | os.PathLike) -> Path:
+        """`add`, after archiving what `dir/<name>/SKILL.md` held (never deleted)."""
+        target = Path(dir).expanduser() / skill.name / SKILL_FILE
+        if target.exists():
+            existing = parse_skill(target)
+            if existing.version >= skill.version:
+                raise SkillError(f"{target} already holds version {existing.version} of "
+                                 f"{skill.name!r}; a new version must be > {existing.version}")
+            archived = Path(dir).expanduser() / ARCHIVE_DIR / f"v{existing.version}" / skill.name / SKILL_FILE
+            archived.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(target, archived)
+        return self.add(skill, dir)
+
+    def list_skills(self) -> list[Skill]:
+        return [self._skills[n] for n in self.names()]
+
+
+@contextmanager
+def staged_library(dirs: list[str | os.PathLike], skills: list[Skill]):
+    """A SkillLibrary of `dirs` plus `skills` (written to a temporary folder removed on exit)."""
+    import shutil
+    import tempfile
+
+    stage = Path(tempfile.mkdtemp(prefix="medclaw-skill-stage-"))
+    try:
+        for skill in skills:
+            folder = stage / skill.name
+            folder.mkdir()
+            (folder / SKILL_FILE).write_text(skill.to_markdown(), encoding="utf-8")
+        yield SkillLibrary([*dirs, stage])
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def use_library(runtime, library: SkillLibrary) -> None:
+    """Swap `runtime`'s skill library between episodes (engines keep running): the next episode's
+    system prompt lists the new skills, and load_skill's name enum follows them."""
+    runtime.use_skills(library)
