@@ -19,7 +19,7 @@ def test_make_tiny_builds_loadable_folders(tmp_path, capsys, monkeypatch):
 def test_import_verify_list_resolve(medclaw_home, capsys):
     assert main(["models", "import", "qwen2.5-vl-7b", str(medclaw_home / "tiny" / "vlm")]) == 0
     imported = json.loads(capsys.readouterr().out)
-    assert imported["path"].endswith("models/qwen2.5-vl-7b") and len(imported["revision"]) == 12
+    assert imported["path"].endswith("models/qwen2.5-vl-7b") and len(imported["revision"]) == 64
 
     assert main(["models", "verify", "qwen2.5-vl-7b"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
