@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("medclaw.cli.trace:register", "show an episode trace"),
     "bench": ("medclaw.cli.bench:register", "benchmarks: decode, kv (JSON output)"),
     "demo": ("medclaw.cli.demo:register", "end-to-end demo on tiny random weights"),
+    "serve": ("medclaw.cli.serve:register", "jobs API and audit viewer on loopback (bearer token)"),
     "doctor": ("medclaw.cli.doctor:register",
                "check offline settings, devices, decoders, models; --airgap -- COMMAND"),
 }
