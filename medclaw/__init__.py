@@ -3,6 +3,8 @@
 Importing this package is cheap (no torch, no vLLM, no CUDA) and makes the process offline by
 construction: every library that could reach a model hub or send telemetry is told not to, before
 any of them is imported. Model references are local folders only (see `medclaw.models`).
+`medclaw.airgap` proves it: a socket guard that refuses every non-loopback connection in this
+process and in every Python process it starts (`medclaw doctor --airgap -- COMMAND`).
 """
 import os as _os
 
@@ -10,6 +12,9 @@ import os as _os
 # these at import time). Overwritten, not `setdefault`: a hospital deployment must not talk to the
 # outside world whatever the environment says. (Tokenizer threads are off so that forked engine
 # workers do not deadlock or warn.)
+# VLLM_HOST_IP: without it every vLLM engine process "discovers" its own IP by connecting a UDP
+# socket to 8.8.8.8 (vllm.utils.network_utils.get_ip); in-process engines live on this host, so
+# loopback is their address. (Multi-node serving is `vllm serve`, started outside medclaw.)
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -19,7 +24,11 @@ OFFLINE_ENV = {
     "VLLM_DO_NOT_TRACK": "1",
     "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_USE_MODELSCOPE": "False",
 }
+# What the environment said before we overwrote it (`medclaw doctor` reports the difference).
+ENVIRONMENT_AT_IMPORT = {_key: _os.environ.get(_key) for _key in OFFLINE_ENV}
 for _key, _value in OFFLINE_ENV.items():
     _os.environ[_key] = _value
 
