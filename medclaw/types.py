@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The sampling seed of every request unless a caller sets another (traces record it).
+DEFAULT_SEED = 0
+
 
 @dataclass(slots=True, frozen=True)
 class VideoInfo:
@@ -23,6 +26,8 @@ class VideoInfo:
     codec: str
     rotation: int = 0          # degrees, from the stream's display matrix
     is_variable_fps: bool = False
+    start_s: float = 0.0       # pts of the first frame (stream clock); video time 0 is this frame
+    fps_is_assumed: bool = False   # no timestamps in the stream (raw .h264): frames timed at `fps`
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -30,11 +35,12 @@ class VideoInfo:
 
 @dataclass(slots=True, frozen=True)
 class FrameRef:
-    """One frame that some model looked at: enough to find it again and prove which it was."""
+    """One frame that some model looked at: enough to find it again and prove which it was.
+    (Its on-disk form is `medclaw.engine.trace_schema.FrameRef`, validated from this.)"""
 
     video_sha256: str
-    frame_index: int
-    timestamp_s: float
+    frame_index: int           # in presentation order
+    timestamp_s: float         # presentation timestamp (pts × time base), seconds
     width: int                 # size the model saw
     height: int
     crop_box: tuple[float, float, float, float] | None = None  # normalised (x1, y1, x2, y2)
@@ -77,7 +83,7 @@ class GenRequest:
     temperature: float = 0.0
     json_schema: dict | None = None    # constrain the output to this JSON schema when supported
     request_id: str = ""
-    seed: int | None = 0
+    seed: int | None = DEFAULT_SEED
 
 
 @dataclass(slots=True)

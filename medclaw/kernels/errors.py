@@ -34,6 +34,14 @@ class FrameTooLargeError(VideoError):
     """Frames exceed the configured pixel cap."""
 
 
+class DecodeResourceError(MedClawError):
+    """Decoding failed for lack of memory (host or GPU) or a CUDA/NVDEC failure — not the video."""
+
+
+class FrameIdentityError(CorruptVideoError):
+    """No decoder returned the planned frame (its pts never came out of the stream)."""
+
+
 class DecodeTimeoutError(VideoError):
     """Decoding took longer than the configured timeout."""
 

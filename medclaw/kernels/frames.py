@@ -4,7 +4,19 @@
     src.get(info, plan, crop_box=None, as_tensor=False)          -> uint8 (T, H, W, 3)
     src.get_frames(info, indices, width, height, crop_box=None)  -> uint8 (T, H, W, 3)
     src.get_frame(info, index, width, height, crop_box=None)     -> uint8 (H, W, 3)
+    await src.aget(info, plan, crop_box=None) / await src.aget_frame(...)   same, for asyncio:
+        waits for the per-video lock in the event loop and decodes in the source's own threads,
+        so neither a waiting nor a running decode occupies the loop's default executor
     src.stats() -> dict   cache hits/misses/evictions/bytes + frames decoded + decode calls
+    src.close()           stop the source's threads, drop its cache (idempotent)
+
+Every frame returned is the frame planned: the decoder reports each frame's pts, which must equal
+the pts of the planned index in the video's index (`kernels.index`, `kernels.verify`). On a
+mismatch (or a decoder error on data the safe path can read) the request's frames are decoded
+again on the safe path — PyAV, finding frames by pts — and a warning is logged once per
+(decoder, container, codec); that decoder is then not used for that container and codec again in
+this process (`refused_decoders()`). A frame the safe path cannot deliver either raises
+`FrameIdentityError` (a `CorruptVideoError`): never an unverified frame.
 
 Returns a READ-ONLY numpy array (CPU) — it may share memory with the cache, which saves a copy of
 every frame (~0.3 s and 540 MB for a 768-frame coarse pass); `.copy()` it to draw on it — or, with
@@ -22,13 +34,32 @@ naming the frame and time.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import threading
 import time
+import weakref
+from collections import OrderedDict
 
 from medclaw.errors import ConfigError
 from medclaw.kernels.cache import FrameCache, FrameKey
-from medclaw.kernels.errors import DecodeTimeoutError, FrameTooLargeError, TimeRangeError
+from medclaw.kernels.errors import (
+    CorruptVideoError, DecodeTimeoutError, FrameIdentityError, FrameTooLargeError, TimeRangeError,
+)
+
+log = logging.getLogger(__name__)
+MAX_VIDEO_LOCKS = 256                   # per-video locks kept; idle ones beyond this are dropped
+ASYNC_WORKERS = 4                       # threads of a source's own executor (aget)
+# (decoder, container, codec) -> why: decoders that returned a wrong frame (or failed where the
+# safe path did not) on that format; not used for it again in this process.
+_REFUSED: dict[tuple[str, str, str], str] = {}
+_REFUSED_LOCK = threading.Lock()
+
+
+def refused_decoders() -> dict[tuple[str, str, str], str]:
+    with _REFUSED_LOCK:
+        return dict(_REFUSED)
 
 MAX_FRAME_PIXELS = 7680 * 4320          # an 8K frame: anything larger is a caller mistake
 # Decode threads (= keyframe segments decoded in parallel, see decoders/base.py): one per core,
@@ -64,10 +95,15 @@ class FrameSource:
         self.interpolation = interpolation
         self.cache = FrameCache(int(cache_mb * 2 ** 20))
         self._decoder = None
+        self._safe = None
         self._guard = threading.Lock()
-        self._video_locks: dict[str, threading.Lock] = {}
+        self._video_locks: OrderedDict[str, threading.Lock] = OrderedDict()
+        self._async_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._executor = None
+        self._closed = False
         self.frames_decoded = 0
         self.decode_calls = 0
+        self.identity_fallbacks = 0          # requests re-decoded on the safe path
 
     # --- public API -----------------------------------------------------------------------------
 
@@ -122,9 +158,63 @@ class FrameSource:
         array.flags.writeable = False
         return array
 
+    async def aget(self, info, plan, crop_box=None, *, as_tensor: bool = False):
+        """`get` for asyncio callers (see module docstring)."""
+        return await self._async_call(info.sha256, self.get, info, plan, crop_box,
+                                      as_tensor=as_tensor)
+
+    async def aget_frame(self, info, index: int, width: int, height: int, crop_box=None, *,
+                         as_tensor: bool = False):
+        return await self._async_call(info.sha256, self.get_frame, info, index, width, height,
+                                      crop_box, as_tensor=as_tensor)
+
+    async def _async_call(self, sha256: str, fn, *args, **kwargs):
+        import functools
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            if self._closed:
+                raise RuntimeError("FrameSource is closed")
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(ASYNC_WORKERS,
+                                                    thread_name_prefix="medclaw-frames")
+            locks = self._async_locks.setdefault(loop, OrderedDict())
+            lock = locks.setdefault(sha256, asyncio.Lock())
+            locks.move_to_end(sha256)
+            while len(locks) > MAX_VIDEO_LOCKS:
+                stale = next((k for k, v in locks.items() if not v.locked()), None)
+                if stale is None:
+                    break
+                locks.pop(stale)
+            executor = self._executor
+        async with lock:            # waiting here costs no thread
+            return await loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Stop the source's threads and drop its cache; later calls raise. Idempotent."""
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+            executor, self._executor = self._executor, None
+            decoders = [d for d in (self._decoder, self._safe) if d is not None]
+            self._decoder = self._safe = None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        for decoder in decoders:
+            decoder.close()
+        self.cache.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def stats(self) -> dict:
         return {**self.cache.stats().to_dict(), "frames_decoded": self.frames_decoded,
-                "decode_calls": self.decode_calls,
+                "decode_calls": self.decode_calls, "identity_fallbacks": self.identity_fallbacks,
                 "decoder": self._decoder.name if self._decoder else self.decoder_name}
 
     # --- internals ------------------------------------------------------------------------------
@@ -154,31 +244,124 @@ class FrameSource:
 
     def _video_lock(self, sha256: str) -> threading.Lock:
         with self._guard:
-            return self._video_locks.setdefault(sha256, threading.Lock())
+            lock = self._video_locks.setdefault(sha256, threading.Lock())
+            self._video_locks.move_to_end(sha256)
+            while len(self._video_locks) > MAX_VIDEO_LOCKS:
+                stale = next((k for k, v in self._video_locks.items()
+                              if not v.locked() and k != sha256), None)
+                if stale is None:
+                    break
+                self._video_locks.pop(stale)
+            return lock
 
     def _get_decoder(self):
         with self._guard:              # requests for different videos may arrive together
+            if self._closed:
+                raise RuntimeError("FrameSource is closed")
             if self._decoder is None:
                 from medclaw.kernels.decoders import make_decoder
 
                 self._decoder = make_decoder(self.decoder_name, self.device)
             return self._decoder
 
+    def _get_safe(self):
+        with self._guard:
+            if self._safe is None:
+                from medclaw.kernels.decoders.pyav_decoder import PyAVDecoder
+
+                self._safe = PyAVDecoder(device=self.device)
+            return self._safe
+
+    def _choose(self, index):
+        """The decoder for this video: the configured one unless it declines the format or failed
+        the identity check on it before; else the safe path."""
+        decoder = self._get_decoder()
+        key = (decoder.name, index.container, index.codec)
+        with _REFUSED_LOCK:
+            refused = key in _REFUSED
+        if refused or decoder.supports(index) is not None or decoder.name == "pyav":
+            return self._get_safe()
+        return decoder
+
+    @staticmethod
+    def _refuse(decoder, index, why: str) -> None:
+        key = (decoder.name, index.container, index.codec)
+        with _REFUSED_LOCK:
+            if key in _REFUSED:
+                return
+            _REFUSED[key] = why
+        log.warning("decoder %s failed the frame identity check on %s/%s (%s); decoding that "
+                    "format on the safe path (PyAV by pts) from now on", decoder.name,
+                    index.container, index.codec, why)
+
     def _decode(self, info, missing, width, height, crop_px, deadline):
-        """Decode `missing` in a worker thread; DecodeTimeoutError past the deadline."""
+        """Decode `missing`, verified frame by frame (see module docstring)."""
+        from medclaw.kernels.index import index_for
+        from medclaw.kernels.verify import mismatches
+
+        index = index_for(info)
+        if missing[-1] >= index.num_frames:
+            raise TimeRangeError(f"{info.path}: frame index {missing[-1]} is outside the "
+                                 f"decodable video (0-{index.num_frames - 1})")
+        decoder = self._choose(index)
+        safe = self._get_safe()
+        try:
+            frames, pts = self._run(decoder, index, info, missing, width, height, crop_px,
+                                    deadline)
+            bad = mismatches(index, missing, pts)
+            why = f"{len(bad)} of {len(missing)} frames had another pts than planned"
+        except CorruptVideoError as err:
+            if decoder is safe:
+                raise
+            frames, bad, why = None, list(range(len(missing))), f"error: {err}"
+        if bad and decoder is safe:
+            raise self._identity_error(info, index, missing, bad, frames, pts)
+        if bad:
+            self._refuse(decoder, index, why[:200])
+            with self._guard:
+                self.identity_fallbacks += 1
+            again = [missing[slot] for slot in bad]
+            fixed, fixed_pts = self._run(safe, index, info, again, width, height, crop_px,
+                                         deadline)
+            still = mismatches(index, again, fixed_pts)
+            if still:
+                raise self._identity_error(info, index, again, still, fixed, fixed_pts)
+            if frames is None:
+                frames = fixed
+            else:
+                import torch
+
+                frames[torch.as_tensor(bad)] = fixed.to(frames.device)
+        with self._guard:
+            self.frames_decoded += len(missing)
+            self.decode_calls += 1
+        return frames
+
+    @staticmethod
+    def _identity_error(info, index, indices, bad, frames, pts):
+        slot = bad[0]
+        i = indices[slot]
+        got = pts[slot] if pts is not None else None
+        shown = "no pts" if got is None else f"pts {got}"
+        return FrameIdentityError(
+            f"{info.path}: frame {i} ({index.time_s(i):.3f} s, pts {int(index.pts[i])}) could not "
+            f"be decoded as planned: the decoder returned {shown} ({len(bad)} frames wrong)")
+
+    def _run(self, decoder, index, info, missing, width, height, crop_px, deadline):
+        """Run one decoder in a worker thread: (frames, pts); DecodeTimeoutError past the
+        deadline."""
         from medclaw.kernels.decoders.base import DecodeCancelled, DecodeJob
 
-        decoder = self._get_decoder()
         job = DecodeJob(path=str(info.path), indices=tuple(missing), width=width, height=height,
                         fps=info.fps, crop_px=crop_px, rotation=info.rotation,
                         src_width=info.width, src_height=info.height,
-                        num_threads=self.num_threads,
+                        num_threads=self.num_threads, index=index,
                         chunk=self.chunk, interpolation=self.interpolation)
         result: dict = {}
 
         def work():
             try:
-                result["frames"] = decoder.decode(job)
+                result["out"] = decoder.decode(job)
             except BaseException as err:   # handed to the caller's thread below
                 result["error"] = err
 
@@ -192,7 +375,4 @@ class FrameSource:
                 f"{self.timeout_s:g} s; ask for fewer frames or raise timeout_s")
         if "error" in result:
             raise result["error"]
-        with self._guard:
-            self.frames_decoded += len(missing)
-            self.decode_calls += 1
-        return result["frames"]
+        return result["out"].frames, result["out"].pts

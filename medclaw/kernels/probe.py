@@ -34,29 +34,42 @@ import hashlib
 import json
 import os
 from pathlib import Path
+import math
 import struct
 import threading
+from collections import OrderedDict
+from fractions import Fraction
 
 from medclaw.kernels.errors import (
     CorruptVideoError, FrameTooLargeError, NotAFileError, NotAVideoError, UnreadableVideoError,
     ZeroDurationError,
 )
 from medclaw.home import medclaw_home
+from medclaw.kernels.index import build_index, load_index, store_index
+from medclaw.kernels.verify import test_decode
 from medclaw.types import VideoInfo
 
 OPEN_TIMEOUT_S = 5.0               # PyAV interrupts a read that stalls this long (NFS, FUSE …)
 _MP4_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pdin", b"uuid", b"moof"}
 _IMAGE_MAGIC = {b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
                 b"BM": "a BMP image"}
-_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+_SHA_CACHE: OrderedDict[tuple[str, int, int], str] = OrderedDict()   # bounded LRU
 _SHA_LOCK = threading.Lock()
-_SHA_CACHE_MAX = 2000              # entries kept in the JSON cache
+_SHA_CACHE_MAX = 2000              # entries kept in memory and in the JSON cache
+DEFAULT_ASSUMED_FPS = 25.0         # raw streams that declare no rate either (FFmpeg's default)
 
 
-def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True) -> VideoInfo:
-    """Probe `path` (see module docstring). Raises a VideoError subclass for unusable input."""
+def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True,
+                assumed_fps: float | None = None) -> VideoInfo:
+    """Probe `path` (see module docstring). Raises a VideoError subclass for unusable input.
+
+    `assumed_fps` is the frame rate of a stream without timestamps (raw .h264/.hevc); by default
+    the rate the stream declares, else 25. It changes nothing for files with timestamps.
+    """
     import av
 
+    if assumed_fps is not None and not (assumed_fps > 0 and math.isfinite(assumed_fps)):
+        raise ValueError(f"assumed_fps must be a positive number, got {assumed_fps}")
     p = Path(path)
     size = _check_file(p)
     head = _read_head(p)
@@ -81,17 +94,36 @@ def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True) 
         if max_pixels is not None and width * height > max_pixels:
             raise FrameTooLargeError(f"{p}: frames are {width}x{height} = {width * height:,} pixels, "
                                      f"over the limit of {max_pixels:,}; downscale the video first")
-        first = _FirstFrame(stream)
-        num_frames, duration_s, fps, is_vfr = _count_frames(p, container, stream, first)
-        rotation = first.rotation(p)
-        codec = stream.codec_context.name
-    if rotation in (90, 270):
+        sha = file_sha256(p, use_cache=use_cache)
+        index = load_index(sha) if use_cache else None
+        if index is not None and not index.has_pts and assumed_fps \
+                and abs(index.tb_den / index.tb_num - assumed_fps) > 1e-6:
+            index = None                              # the user overrides the assumed rate
+        if index is None:
+            index = _scan(p, container, stream, sha, assumed_fps)
+            test_decode(p, index)                      # may trim a damaged end; raises if none
+            store_index(index)
+    return info_from_index(p, index)
+
+
+def info_from_index(p, index) -> VideoInfo:
+    """The VideoInfo a probe reports for a video with this index."""
+    import numpy as np
+
+    meta = index.meta
+    width, height = meta["width"], meta["height"]
+    if meta["rotation"] in (90, 270):
         width, height = height, width
+    n, duration = index.num_frames, index.duration_s
+    if duration <= 0:
+        raise ZeroDurationError(f"{p}: the video stream has zero duration")
+    steps = np.diff(index.pts)                                            # (N-1,) ticks
+    median = float(np.median(steps)) if len(steps) else 0.0
+    is_vfr = bool(len(steps) > 1 and np.abs(steps - median).max() > max(1.5, 0.1 * median))
     return VideoInfo(
-        path=str(p), sha256=file_sha256(p, use_cache=use_cache), duration_s=duration_s, fps=fps,
-        num_frames=num_frames, width=width, height=height, codec=codec, rotation=rotation,
-        is_variable_fps=is_vfr,
-    )
+        path=str(p), sha256=index.sha256, duration_s=duration, fps=n / duration, num_frames=n,
+        width=width, height=height, codec=index.codec, rotation=meta["rotation"],
+        is_variable_fps=is_vfr, start_s=index.start_s, fps_is_assumed=not index.has_pts)
 
 
 def _check_file(p: Path) -> int:
@@ -173,58 +205,51 @@ def _video_stream(p: Path, container, head: bytes):
     return streams[0]
 
 
-def _count_frames(p: Path, container, stream, first: "_FirstFrame") -> tuple[int, float, float, bool]:
-    """Demux the stream's packets: real frame count, duration, fps, VFR flag. Only the first few
-    packets are decoded (by `first`); the rest are counted, not decoded."""
+def _scan(p: Path, container, stream, sha: str, assumed_fps: float | None):
+    """Demux every packet of the stream (no decoding, except the first frame by `_FirstFrame`):
+    the index of frame timestamps and keyframes, with the probe's figures in its `meta`."""
     import av
-    import numpy as np
 
-    pts, durations, count = [], [], 0
+    first = _FirstFrame(stream)
+    packets, last_pts = [], None
     try:
         for packet in container.demux(stream):
             if packet.size == 0 and packet.pts is None and packet.dts is None:
                 continue                              # the demuxer's end-of-stream flush packet
-            count += 1
             first.feed(packet)
-            stamp = packet.pts if packet.pts is not None else packet.dts
-            if stamp is not None:
-                pts.append(stamp)
-                durations.append(packet.duration or 0)
+            packets.append((packet.pts, packet.duration or 0, bool(packet.is_keyframe)))
+            last_pts = packet.pts if packet.pts is not None else last_pts
     except av.error.FFmpegError as err:
-        where = f" ~{float(max(pts) * stream.time_base):.1f} s" if pts else " the start"
-        raise CorruptVideoError(f"{p}: demux error after {count} frames (at{where}): "
+        where = f" ~{float(last_pts * stream.time_base):.1f} s" if last_pts is not None else \
+            " the start"
+        raise CorruptVideoError(f"{p}: demux error after {len(packets)} frames (at{where}): "
                                 f"{err.strerror}") from None
+    count = len(packets)
     if count == 0:
         raise ZeroDurationError(f"{p}: the video stream has no frames")
     claimed = stream.frames or 0
-    tb = float(stream.time_base) if stream.time_base else 0.0
+    tb = stream.time_base or Fraction(1, 90000)
     if claimed > count:
-        end = f" (data ends at {float((max(pts) - min(pts)) * tb):.1f} s)" if pts and tb else ""
+        stamps = [pk[0] for pk in packets if pk[0] is not None]
+        end = (f" (data ends at {float((max(stamps) - min(stamps)) * tb):.1f} s)"
+               if stamps else "")
         raise CorruptVideoError(f"{p}: truncated: the container indexes {claimed} frames but only "
                                 f"{count} are in the file{end}")
-    if len(pts) == count and tb > 0:
-        order = np.argsort(np.asarray(pts, dtype=np.int64), kind="stable")
-        stamps = np.asarray(pts, dtype=np.int64)[order]                   # (N,) presentation order
-        steps = np.diff(stamps)                                           # (N-1,)
-        median = float(np.median(steps)) if len(steps) else 0.0
-        rate = float(stream.average_rate or stream.guessed_rate or 0)
-        # The last frame lasts its packet duration, else the typical step, else 1 / declared rate.
-        last = durations[order[-1]] or median or (1.0 / (rate * tb) if rate else 0.0)
-        duration_s = float((stamps[-1] - stamps[0] + last) * tb)
-        is_vfr = bool(len(steps) > 1 and
-                      np.abs(steps - median).max() > max(1.5, 0.1 * median))
-    else:
-        # No timestamps (raw elementary streams): fall back on the declared rate.
-        rate = float(stream.average_rate or stream.guessed_rate or 0)
-        duration_s = count / rate if rate else 0.0
-        is_vfr = False
-    if duration_s <= 0:
+    rotation = first.rotation(p)
+    declared_rate = float(stream.average_rate or stream.guessed_rate or 0) or None
+    meta = {"width": stream.codec_context.width, "height": stream.codec_context.height,
+            "rotation": rotation}
+    index = build_index(sha, packets, tb=Fraction(tb), container=container.format.name,
+                        codec=stream.codec_context.name,
+                        assumed_fps=assumed_fps or declared_rate or DEFAULT_ASSUMED_FPS,
+                        meta=meta)
+    if index.duration_s <= 0:
         raise ZeroDurationError(f"{p}: the video stream has zero duration")
-    declared = _declared_duration_s(container, stream)
-    if declared and duration_s < declared - max(1.0, 0.02 * declared):
+    declared = _declared_duration_s(container, stream) if index.has_pts else None
+    if declared and index.duration_s < declared - max(1.0, 0.02 * declared):
         raise CorruptVideoError(f"{p}: truncated: the container declares {declared:.1f} s but the "
-                                f"video data ends at {duration_s:.1f} s ({count} frames)")
-    return count, duration_s, count / duration_s, is_vfr
+                                f"video data ends at {index.duration_s:.1f} s ({count} frames)")
+    return index
 
 
 def _declared_duration_s(container, stream) -> float | None:
@@ -302,11 +327,11 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
     if use_cache:
         with _SHA_LOCK:
             if key in _SHA_CACHE:
+                _SHA_CACHE.move_to_end(key)
                 return _SHA_CACHE[key]
         entry = _load_disk_cache(_cache_file()).get(real)
         if entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
-            with _SHA_LOCK:
-                _SHA_CACHE[key] = entry["sha256"]
+            _remember_sha(key, entry["sha256"])
             return entry["sha256"]
     digest = hashlib.sha256()
     try:
@@ -317,10 +342,17 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
         raise UnreadableVideoError(f"{path}: cannot read it ({err.strerror or err})") from None
     sha = digest.hexdigest()
     if use_cache:
-        with _SHA_LOCK:
-            _SHA_CACHE[key] = sha
+        _remember_sha(key, sha)
         _store_disk_cache(real, st, sha)
     return sha
+
+
+def _remember_sha(key, sha: str) -> None:
+    with _SHA_LOCK:
+        _SHA_CACHE[key] = sha
+        _SHA_CACHE.move_to_end(key)
+        while len(_SHA_CACHE) > _SHA_CACHE_MAX:
+            _SHA_CACHE.popitem(last=False)
 
 
 def _store_disk_cache(real: str, st: os.stat_result, sha: str) -> None:

@@ -28,13 +28,27 @@ PATTERNS = {
 }
 
 
-def _job(path, indices, width=320, height=180, crop=None, rotation=0, chunk=32, threads=2):
+def _index(path):
+    """The probe's index of `path` (None for names of files that do not exist)."""
+    import os
+
+    from medclaw.kernels.index import index_for
+    from medclaw.kernels.probe import probe_video
+
+    return index_for(probe_video(path)) if os.path.exists(str(path)) else None
+
+
+def _job(path, indices, width=320, height=180, crop=None, rotation=0, chunk=32, threads=2,
+         index=None):
     return DecodeJob(path=str(path), indices=tuple(indices), width=width, height=height, fps=25.0,
-                     crop_px=crop, rotation=rotation, chunk=chunk, num_threads=threads)
+                     crop_px=crop, rotation=rotation, chunk=chunk, num_threads=threads,
+                     index=index or _index(path))
 
 
 def _decode(name, job):
-    return make_decoder(name, "cpu").decode(job).numpy()
+    result = make_decoder(name, "cpu").decode(job)
+    assert len(result.pts) == len(job.indices)
+    return result.frames.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -221,22 +235,23 @@ def test_rotation_applied_like_torchcodec(synth_video, tmp_path, rotation):
 
 
 @pytest.mark.parametrize("name", CPU_DECODERS)
-def test_truncated_and_corrupt_data_raise_with_frame_and_time(broken_videos, name):
+def test_truncated_and_corrupt_data_raise_with_frame_and_time(broken_videos, synth_video, name):
     truncated, garbage = broken_videos
+    whole = _index(synth_video.path)              # what the file held before it was damaged
     for path in (truncated, garbage):
         with pytest.raises(CorruptVideoError) as err:
-            _decode(name, _job(path, range(0, 1500, 10)))
+            _decode(name, _job(path, range(0, 1500, 10), index=whole))
         message = str(err.value)
         assert "\n" not in message and str(path) in message
         assert "decoding failed at frame" in message and " s)" in message
 
 
-def test_not_a_video_raises_corrupt(tmp_path):
+def test_not_a_video_raises_corrupt(tmp_path, synth_video):
     bogus = tmp_path / "bogus.mp4"
     bogus.write_bytes(b"\x00" * 4096)
     for name in CPU_DECODERS:
         with pytest.raises(CorruptVideoError):
-            _decode(name, _job(bogus, [0]))
+            _decode(name, _job(bogus, [0], index=_index(synth_video.path)))
 
 
 @pytest.mark.gpu

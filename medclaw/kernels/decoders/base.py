@@ -6,8 +6,16 @@ into ONE uint8 torch tensor (T, height, width, 3) on its device. It decodes in c
 full-resolution frames — never every full-resolution frame of a long video. Between chunks it
 calls `job.check_cancelled()`, which is how `FrameSource` stops a decode that ran past its timeout.
 
+Identity: a decoder returns a `DecodeResult`: the frames AND the presentation timestamp (stream
+ticks) of each, as its library reports them. `FrameSource` checks every one against the video's
+index (`kernels.index`) and never hands out a frame whose pts is not the planned one
+(`kernels.verify`). Decoders find frames by time where they can (the index gives every pts and
+keyframe, so no decoder scans the file itself).
+
 Errors: a decoder raises `CorruptVideoError` naming the frame index and time where decoding
-failed (or the first frame it could not deliver); it lets `DecodeCancelled` through.
+failed (or the first frame it could not deliver); it lets `DecodeCancelled` through. Running out
+of memory (host or GPU) or a CUDA failure is not a property of the video: `job.corrupt` turns
+those into `DecodeResourceError` instead (`is_resource_failure`).
 
 Density (`is_dense`): a seek to the keyframe before each target decodes about half a GOP per
 target, a sequential pass decodes the whole gap, so the sequential pass (with frame threads)
@@ -32,7 +40,7 @@ import threading
 from dataclasses import dataclass, field
 
 from medclaw.errors import first_line
-from medclaw.kernels.errors import CorruptVideoError
+from medclaw.kernels.errors import CorruptVideoError, DecodeResourceError
 
 DEFAULT_CHUNK = 32
 CHUNK_MAX_BYTES = 64 * 2 ** 20   # full-resolution RGB decoded at once, at most
@@ -44,6 +52,31 @@ DECODER_RESIZE_MAX_FRACTION = 0.5
 
 class DecodeCancelled(Exception):
     """Raised inside a decode worker when its job was cancelled (timeout); never user-facing."""
+
+
+_RESOURCE_WORDS = ("out of memory", "cuda", "cudaerror", "nvdec", "cuvid", "cannot allocate memory",
+                   "resource temporarily unavailable", "no space left")
+
+
+def is_resource_failure(err: BaseException) -> bool:
+    """True for failures of the machine rather than of the data: OOM, CUDA/NVDEC errors."""
+    if isinstance(err, (MemoryError, DecodeResourceError)):
+        return True
+    if type(err).__name__ in ("OutOfMemoryError", "AcceleratorError", "CudaError"):
+        return True
+    if isinstance(err, OSError) and getattr(err, "errno", None) in (12, 28):   # ENOMEM, ENOSPC
+        return True
+    text = str(err).lower()
+    return any(word in text for word in _RESOURCE_WORDS)
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    """Frames of a job and the pts (stream ticks) the decoder reports for each; None where the
+    library gave none (such a frame fails the identity check)."""
+
+    frames: object                           # uint8 tensor (T, H, W, 3)
+    pts: list                                # (T,) int | None
 
 
 @dataclass(slots=True)
@@ -62,6 +95,7 @@ class DecodeJob:
     num_threads: int = 2
     chunk: int = DEFAULT_CHUNK
     interpolation: str = "bicubic"
+    index: object = None                     # kernels.index.VideoIndex of the video
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def check_cancelled(self) -> None:
@@ -86,12 +120,26 @@ class DecodeJob:
             missing = next(i for i in self.indices if i >= total)
             raise self.corrupt(missing, f"the file holds only {total} frames")
 
-    def corrupt(self, index: int, why) -> CorruptVideoError:
+    def time_s(self, index: int) -> float:
+        if self.index is not None and 0 <= index < self.index.num_frames:
+            return self.index.time_s(index)
+        return index / self.fps if self.fps else 0.0
+
+    def pts(self, index: int) -> int:
+        return int(self.index.pts[index])
+
+    def corrupt(self, index: int, why) -> Exception:
+        """The error to raise for a failure at frame `index`: `CorruptVideoError`, or
+        `DecodeResourceError` when the machine (memory, GPU) failed, not the data."""
         reason = first_line(why)
         # torchcodec prefixes "function, /path/File.cpp:123, ": noise for the reader.
         reason = re.sub(r"^\w+, \S+\.cpp:\d+, ", "", reason)
-        return CorruptVideoError(f"{self.path}: decoding failed at frame {index} "
-                                 f"({index / self.fps:.2f} s): {reason[:200]}")
+        where = f"frame {index} ({self.time_s(index):.2f} s)"
+        if isinstance(why, BaseException) and is_resource_failure(why):
+            return DecodeResourceError(f"{self.path}: out of resources while decoding {where} "
+                                       f"({type(why).__name__}: {reason[:160]}); the video is "
+                                       f"not at fault: free memory or decode on another device")
+        return CorruptVideoError(f"{self.path}: decoding failed at {where}: {reason[:200]}")
 
 
 def split_at_keyframes(indices, keyframes, parts: int) -> list[tuple[int, int]]:
@@ -169,9 +217,17 @@ class Decoder:
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
 
-    def decode(self, job: DecodeJob):
-        """uint8 tensor (T, job.height, job.width, 3) on `self.device` for `job.indices`."""
+    def decode(self, job: DecodeJob) -> DecodeResult:
+        """uint8 tensor (T, job.height, job.width, 3) on `self.device` for `job.indices`, with
+        the pts of each frame."""
         raise NotImplementedError
+
+    def supports(self, index) -> str | None:
+        """None if this decoder can be tried on a video with this index, else why not."""
+        return None
+
+    def close(self) -> None:
+        """Release what the decoder holds open (none of ours keeps state between jobs)."""
 
     def _output(self, job: DecodeJob):
         import torch

@@ -1,66 +1,168 @@
-"""PyAV decoder (CPU): exact frame indices from a packet scan, sequential or keyframe seeking.
+"""PyAV decoder (CPU): frames found by their pts, from the video's index; the safe path.
 
-Frame i is the i-th frame in presentation order. We learn every frame's pts and the keyframes by
-demuxing the packets once (no decoding), then:
-  * a request spanning several GOPs is cut at keyframes into `job.num_threads` segments, each
-    decoded by its own single-threaded codec context in its own thread (`base.split_at_keyframes`;
-    PyAV releases the GIL while FFmpeg decodes and converts); a request inside one GOP is one
-    segment, with frame threads when dense and slice threads when it seeks;
-  * within a segment, dense requests are one sequential pass converting only the wanted frames;
-    sparse requests seek, for each wanted frame whose GOP lies ahead of the decoder, to the
-    keyframe before it and decode forward.
+Frame i is the frame whose pts is `index.pts[i]` (kernels.index). A decoded frame is identified by
+the pts FFmpeg puts on it, never by counting output frames or trusting where a seek landed:
+  * `iter_frames` seeks to the keyframe that opens the target's GOP (from the index) and decodes
+    forward; if the seek landed past the target (MPEG-TS and other containers seek by byte
+    estimates) it seeks one keyframe further back, then from the start;
+  * a sparse request seeks again when the next target's GOP lies ahead of the decoder; a dense one
+    decodes straight through;
+  * streams without timestamps (raw .h264/.hevc) cannot seek: they are decoded from the start and
+    frames are counted, which is how FFmpeg itself numbers them.
+A request spanning several GOPs is cut at keyframes into `job.num_threads` segments, each decoded
+by its own single-threaded codec context in its own thread (`base.split_at_keyframes`; PyAV
+releases the GIL while FFmpeg decodes and converts).
 A large downscale without a crop happens in libswscale together with the YUV→RGB conversion (one
 pass, no full-size RGB frame); everything else goes through `ops.resize_crop`, so for those sizes
 PyAV and torchcodec return identical pixels.
 """
 from __future__ import annotations
 
-import bisect
-
 from medclaw.kernels.decoders.base import (
-    DECODER_RESIZE_MAX_FRACTION, Decoder, DecodeJob, is_dense, run_segments, split_at_keyframes,
+    DECODER_RESIZE_MAX_FRACTION, Decoder, DecodeJob, DecodeResult, is_dense, run_segments,
+    split_at_keyframes,
 )
 
 _SWS_INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
 
 
+class FrameMissing(Exception):
+    """The stream went past a wanted frame's pts without showing it."""
+
+    def __init__(self, index: int, why: str) -> None:
+        super().__init__(why)
+        self.index = index
+
+
+def _seek(container, stream, index, key: int) -> None:
+    container.seek(int(index.pts[key]), stream=stream, backward=True, any_frame=False)
+
+
+def iter_frames(container, stream, index, wanted, *, dense: bool, check_cancelled=None,
+                skip_unwanted: bool = True):
+    """Yield (frame index, av.VideoFrame) for every index of sorted `wanted`, in order.
+
+    Raises `FrameMissing` at the first wanted frame the stream does not deliver; lets FFmpeg's
+    decode errors through (the caller names the frame).
+    """
+    import numpy as np
+
+    if not wanted:
+        return
+    ctx = stream.codec_context
+    pts = index.pts
+    wanted_set = set(int(i) for i in wanted)
+    if not index.has_pts:
+        # No timestamps: frames are numbered in output order from the start of the stream.
+        position, slot = -1, 0
+        for packet in container.demux(stream):
+            for frame in ctx.decode(packet):
+                position += 1
+                if position == wanted[slot]:
+                    yield position, frame
+                    slot += 1
+                    if slot == len(wanted):
+                        return
+            if check_cancelled:
+                check_cancelled()
+        raise FrameMissing(wanted[slot], "stream ended before this frame")
+
+    slot = 0
+    keys = list(index.keyframes) or [0]
+    while slot < len(wanted):
+        target = int(wanted[slot])
+        # Seek to the keyframe opening the target's GOP; go one keyframe further back when the
+        # seek lands after the target (or at the end), and finally to the very start.
+        key_pos = max(int(np.searchsorted(keys, target, "right")) - 1, 0)
+        for attempt in range(3):
+            if attempt < 2 and key_pos - attempt >= 0:
+                _seek(container, stream, index, int(keys[key_pos - attempt]))
+            else:
+                container.seek(0)                 # the start of the file
+            state = {"slot": slot, "first": None}
+            status = yield from _decode_run(container, stream, index, wanted, wanted_set, state,
+                                            dense=dense, late_ok=attempt == 2,
+                                            check_cancelled=check_cancelled,
+                                            skip_unwanted=skip_unwanted)
+            slot = state["slot"]
+            if status == "late" or (status == "ended" and state["first"] is None):
+                continue
+            break
+        else:
+            raise FrameMissing(target, "no seek reached this frame")
+        if status == "ended":
+            raise FrameMissing(int(wanted[slot]), "stream ended before this frame")
+        if status == "done":
+            return
+
+
+def _decode_run(container, stream, index, wanted, wanted_set, state, *, dense, late_ok,
+                check_cancelled, skip_unwanted):
+    """Decode forward from where the last seek put the demuxer, yielding wanted frames.
+    Returns "done" (all yielded), "resume" (seek for the next target), "late" (the seek landed
+    past the target) or "ended" (end of stream)."""
+    import numpy as np
+
+    ctx = stream.codec_context
+    pts = index.pts
+    target = int(wanted[state["slot"]])
+    for packet in container.demux(stream):
+        if skip_unwanted:
+            p = packet.pts
+            at = int(np.searchsorted(pts, p)) if p is not None else -1
+            unwanted = 0 <= at < len(pts) and pts[at] == p and at not in wanted_set
+            ctx.skip_frame = "NONREF" if unwanted else "DEFAULT"
+        for frame in ctx.decode(packet):
+            if frame.pts is None:
+                continue
+            at = int(np.searchsorted(pts, frame.pts))
+            if at >= len(pts) or pts[at] != frame.pts:
+                continue                          # a frame the index does not hold (dropped)
+            if state["first"] is None:
+                state["first"] = at
+                if at > target and not late_ok:
+                    return "late"
+            if at < target:
+                continue
+            if at > target:
+                raise FrameMissing(target, "frame missing from the decoded stream")
+            yield at, frame
+            state["slot"] += 1
+            if state["slot"] == len(wanted):
+                return "done"
+            target = int(wanted[state["slot"]])
+            if not dense and index.keyframe_before(target) > at:
+                return "resume"                   # the next target's GOP lies ahead: seek
+        if check_cancelled:
+            check_cancelled()
+    return "ended"
+
+
 class PyAVDecoder(Decoder):
     name = "pyav"
 
-    @staticmethod
-    def _scan(container, stream) -> tuple[list[int], list[int]]:
-        """(sorted frame pts, indices of keyframes) from the packets alone."""
-        pts_key = []
-        for packet in container.demux(stream):
-            if packet.pts is not None and packet.size > 0:
-                pts_key.append((packet.pts, bool(packet.is_keyframe)))
-        pts_key.sort()
-        return [p for p, _ in pts_key], [i for i, (_, k) in enumerate(pts_key) if k]
-
-    def decode(self, job: DecodeJob):
+    def decode(self, job: DecodeJob) -> DecodeResult:
         import av
         import numpy as np
         import torch
 
         out = self._output(job)                                           # (T, H, W, 3)
+        got_pts: list = [None] * len(job.indices)
         if not job.indices:
-            return out
-        try:
-            with av.open(job.path) as container:
-                stream = container.streams.video[0]
-                src_w, src_h = stream.codec_context.width, stream.codec_context.height
-                pts_list, keyframes = self._scan(container, stream)
-        except Exception as err:
-            raise job.corrupt(job.indices[0], err) from err
-        job.check_length(len(pts_list))
+            return DecodeResult(out, got_pts)
+        index = job.index
+        job.check_length(index.num_frames)
+        meta = index.meta
+        src_w, src_h = meta.get("width", job.src_width), meta.get("height", job.src_height)
         job.src_width, job.src_height = src_w, src_h
-        dense = is_dense(job.indices, max(1, len(pts_list) // max(len(keyframes), 1)))
+        gop = max(1, index.num_frames // max(len(index.keyframes), 1))
+        dense = is_dense(job.indices, gop) or not index.has_pts
+        keyframes = list(index.keyframes) if index.has_pts else None
         segments = split_at_keyframes(job.indices, keyframes, job.num_threads)
         if len(segments) > 1:
             thread_type, thread_count = "SLICE", 1
         else:
             thread_type, thread_count = ("AUTO" if dense else "SLICE"), job.num_threads
-        pts_to_index = {p: i for i, p in enumerate(pts_list)}
         chunk_size = len(next(job.chunks())[1])
         small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
         scale = small and job.crop_px is None and job.rotation % 360 == 0
@@ -88,65 +190,24 @@ class PyAVDecoder(Decoder):
                 stream = container.streams.video[0]
                 stream.thread_type, stream.thread_count = thread_type, thread_count
                 wanted = job.indices[lo:hi]
-                buf, position = [], lo
-                for slot, frame in self._iterate(container, stream, job, wanted, pts_list,
-                                                 keyframes, pts_to_index, dense):
-                    buf.append(convert(frame))
-                    if len(buf) == chunk_size or slot == len(wanted) - 1:
-                        job.check_cancelled()
-                        flush(buf, position)
-                        position += len(buf)
-                        buf = []
-                if position != hi:
-                    raise job.corrupt(job.indices[position], "stream ended before this frame")
+                buf, position, current = [], lo, wanted[0]
+                try:
+                    for at, frame in iter_frames(container, stream, index, wanted, dense=dense,
+                                                 check_cancelled=job.check_cancelled):
+                        current = at
+                        got_pts[position + len(buf)] = (
+                            int(frame.pts) if index.has_pts else int(index.pts[at]))
+                        buf.append(convert(frame))
+                        if len(buf) == chunk_size or position + len(buf) == hi:
+                            job.check_cancelled()
+                            flush(buf, position)
+                            position += len(buf)
+                            buf = []
+                except FrameMissing as err:
+                    raise job.corrupt(err.index, str(err)) from None
+                except (av.error.FFmpegError, MemoryError, OSError) as err:
+                    following = [i for i in wanted if i > current] or [current]
+                    raise job.corrupt(following[0] if position > lo else wanted[0], err) from err
 
         run_segments(job, segments, decode_segment)
-        return out
-
-    @staticmethod
-    def _decode_from(container, stream, start_pts, pts_to_index, wanted_set):
-        """Decoded frames from the keyframe at or before `start_pts` on.
-
-        Packets of frames nobody asked for are sent with skip_frame=NONREF: if no other frame
-        references them (x264's non-reference B-frames, ~1/3 of the frames here) FFmpeg does not
-        decode them at all — the one way to decode a dense request faster than decoding every
-        frame. Wanted frames are always decoded (skip_frame=DEFAULT on their packets).
-        """
-        ctx = stream.codec_context
-        container.seek(start_pts, stream=stream, backward=True, any_frame=False)
-        for packet in container.demux(stream):
-            index = pts_to_index.get(packet.pts)
-            ctx.skip_frame = "NONREF" if index is not None and index not in wanted_set \
-                else "DEFAULT"
-            yield from ctx.decode(packet)
-
-    def _iterate(self, container, stream, job, wanted, pts_list, keyframes, pts_to_index, dense):
-        """Yield (slot, av.VideoFrame) for each index of `wanted`, in order; stop at end of
-        stream."""
-        wanted_set = set(wanted)
-        slot = 0
-        frames = self._decode_from(container, stream, pts_list[wanted[0]], pts_to_index,
-                                   wanted_set)
-        while slot < len(wanted):
-            target = wanted[slot]
-            try:
-                frame = next(frames)
-            except StopIteration:
-                return                         # the caller reports the first missing frame
-            except Exception as err:           # av.error.InvalidDataError and friends
-                raise job.corrupt(target, err) from err
-            index = pts_to_index.get(frame.pts)
-            if index is None or index < target:
-                continue
-            if index > target:
-                raise job.corrupt(target, "frame missing from the decoded stream")
-            yield slot, frame
-            slot += 1
-            if slot < len(wanted) and not dense:
-                # Seek when the next target's keyframe lies beyond the frame we stand on.
-                nxt = wanted[slot]
-                key = keyframes[max(bisect.bisect_right(keyframes, nxt) - 1, 0)] if keyframes else 0
-                if key > index:
-                    frames.close()
-                    frames = self._decode_from(container, stream, pts_list[nxt], pts_to_index,
-                                               wanted_set)
+        return DecodeResult(out, got_pts)

@@ -2,23 +2,29 @@
 
 `SimpleDecoder` decodes on NVDEC straight into device memory; frames come back as DLPack objects
 in RGB (H, W, 3) that `torch.from_dlpack` wraps without a copy. We fetch them per chunk of sorted
-indices and resize/crop each chunk on the GPU with `ops.resize_crop`.
+indices and resize/crop each chunk on the GPU with `ops.resize_crop`. The pts of each frame is
+read from the decoded frame's `timestamp` where PyNvVideoCodec gives one; where it does not, the
+frame cannot be verified and `FrameSource` decodes it on a verified path instead.
 """
 from __future__ import annotations
 
-from medclaw.kernels.decoders.base import Decoder, DecodeJob
+from medclaw.kernels.decoders.base import Decoder, DecodeJob, DecodeResult
 
 
 class PyNvDecoder(Decoder):
     name = "pynvc"
 
-    def decode(self, job: DecodeJob):
+    def supports(self, index) -> str | None:
+        return None if index.has_pts else "PyNvVideoCodec cannot number frames without timestamps"
+
+    def decode(self, job: DecodeJob) -> DecodeResult:
         import PyNvVideoCodec as nvc
         import torch
 
         out = self._output(job)                                           # (T, H, W, 3) cuda
+        got_pts: list = [None] * len(job.indices)
         if not job.indices:
-            return out
+            return DecodeResult(out, got_pts)
         gpu_id = torch.device(self.device).index or 0
         try:
             decoder = nvc.SimpleDecoder(job.path, gpu_id=gpu_id, use_device_memory=True,
@@ -34,5 +40,8 @@ class PyNvDecoder(Decoder):
                 raise job.corrupt(chunk[0], err) from err
             if len(frames) != len(chunk):
                 raise job.corrupt(chunk[len(frames)], "decoder returned too few frames")
+            for slot, frame in enumerate(batch):
+                stamp = getattr(frame, "timestamp", None)
+                got_pts[start + slot] = int(stamp) if stamp is not None else None
             self._put(out, start, frames, job)
-        return out
+        return DecodeResult(out, got_pts)

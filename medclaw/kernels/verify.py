@@ -1,0 +1,150 @@
+"""Frame identity: is each decoded frame the frame that was planned? And can the file be decoded?
+
+    mismatches(index, indices, pts) -> list[int]     positions whose pts is not index.pts[i]
+    test_decode(path, index)                         the probe's bounded decodability test
+    reference_decode(path, index, width, height)     every frame, decoded sequentially (slow,
+                                                     the ground truth for tests and benchmarks)
+
+A frame is identified by its presentation timestamp, never by its position in a decoder's output:
+libraries that seek by index (torchcodec on MPEG-TS, decord on HEVC) return other frames than
+asked, silently. `FrameSource` calls `mismatches` on every decode.
+
+`test_decode` (done once per file by `probe_video`; the verdict is stored with the index):
+  * decodes one frame in the middle of the video (seek + decode to it), and
+  * the last GOP, from its keyframe to the end of the stream.
+Frames at the end that do not decode (a truncated MPEG-TS cut inside its last packets) are
+dropped from the index, so the video is served up to its last decodable frame instead of
+failing later. If the middle frame or nothing at the end decodes, the file is refused with
+`CorruptVideoError` — before any engine starts. Work is bounded: at most `MAX_TEST_FRAMES` frames
+are decoded per region (a GOP longer than that is not tested at its end).
+"""
+from __future__ import annotations
+
+from medclaw.kernels.errors import CorruptVideoError
+
+MAX_TEST_FRAMES = 600
+
+
+def mismatches(index, indices, pts) -> list[int]:
+    """Positions p where pts[p] (stream ticks, or None) is not the pts of frame indices[p]."""
+    bad = []
+    for slot, (i, got) in enumerate(zip(indices, pts)):
+        if got is None or int(got) != int(index.pts[int(i)]):
+            bad.append(slot)
+    return bad
+
+
+def _open(path):
+    import av
+
+    container = av.open(str(path))
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"
+    return container, stream
+
+
+def _decoded_pts(path, index, start: int) -> tuple[set, str | None]:
+    """pts of the frames that decode from frame `start`'s keyframe to the end (lenient: a packet
+    FFmpeg rejects is skipped, as the ffmpeg command line does), and the last error."""
+    import av
+
+    container, stream = _open(path)
+    seen, error, count = set(), None, 0
+    with container:
+        if index.has_pts:
+            # One GOP earlier than needed: containers that seek by byte estimates (MPEG-TS) may
+            # land a little late; the caller checks that the start of its region was reached.
+            key = index.keyframe_before(max(index.keyframe_before(start) - 1, 0))
+            container.seek(int(index.pts[key]), stream=stream, backward=True, any_frame=False)
+        ctx = stream.codec_context
+        position = -1
+        for packet in container.demux(stream):
+            try:
+                frames = ctx.decode(packet)
+            except av.error.FFmpegError as err:
+                error = err.strerror
+                continue
+            for frame in frames:
+                position += 1
+                seen.add(int(frame.pts) if index.has_pts and frame.pts is not None else position)
+                count += 1
+            if count > 2 * MAX_TEST_FRAMES + (0 if index.has_pts else index.num_frames):
+                break
+    return seen, error
+
+
+def test_decode(path, index) -> None:
+    """Check that the middle and the end of the video decode; trim undecodable trailing frames
+    from `index` (in place). Raises CorruptVideoError when a region does not decode."""
+    import numpy as np
+
+    n = index.num_frames
+    if n > 2 and index.has_pts:
+        middle = n // 2
+        if middle - index.keyframe_before(middle) <= MAX_TEST_FRAMES:
+            from medclaw.kernels.decoders.pyav_decoder import FrameMissing, iter_frames
+            import av
+
+            container, stream = _open(path)
+            try:
+                with container:
+                    for _ in iter_frames(container, stream, index, [middle], dense=True):
+                        pass
+            except (FrameMissing, av.error.FFmpegError) as err:
+                raise CorruptVideoError(
+                    f"{path}: cannot decode frame {middle} ({index.time_s(middle):.2f} s) in the "
+                    f"middle of the video: {str(err)[:120]}") from None
+    last_key = index.keyframe_before(n - 1) if index.has_pts else 0
+    if index.has_pts and n - index.keyframe_before(max(last_key - 1, 0)) > 2 * MAX_TEST_FRAMES:
+        return                                   # an endless GOP: too long to test its end
+    seen, error = _decoded_pts(path, index, last_key)
+    if not index.has_pts:
+        decoded = len(seen)
+        if decoded == 0:
+            raise CorruptVideoError(f"{path}: no frame of the stream decodes ({error})")
+        if decoded < n:
+            index.pts = index.pts[:decoded]
+            index.keyframes = index.keyframes[index.keyframes < decoded]
+            index.end_pts = decoded
+        return
+    tail = index.pts[last_key:]
+    if seen and min(seen) > int(tail[0]):
+        return                                   # the seek landed inside the GOP: no verdict
+    ok = np.isin(tail, np.fromiter(seen, dtype=np.int64, count=len(seen)))
+    if ok.all():
+        return
+    if not ok.any():
+        raise CorruptVideoError(f"{path}: the end of the video does not decode (frames "
+                                f"{last_key}-{n - 1}, from {index.time_s(last_key):.2f} s)"
+                                + (f": {error}" if error else ""))
+    # Keep the decodable frames up to the last one that decodes: a truncated end.
+    keep = np.concatenate([np.ones(last_key, dtype=bool), ok])
+    keep[last_key + int(np.flatnonzero(ok)[-1]) + 1:] = False
+    step = int(np.median(np.diff(index.pts))) if n > 1 else 1
+    old_to_new = np.cumsum(keep) - 1
+    index.keyframes = old_to_new[index.keyframes[keep[index.keyframes]]]
+    index.pts = index.pts[keep]
+    index.end_pts = int(index.pts[-1]) + max(step, 1)
+    index.meta = {**index.meta, "dropped_frames": int(n - keep.sum())}
+
+
+def reference_decode(path, index, width: int | None = None, height: int | None = None):
+    """(frames uint8 (N, H, W, 3), pts list): every frame of the stream, decoded sequentially
+    with PyAV from the start, in output order — no seeking, nothing trusted but FFmpeg. Frames
+    are rotated to display orientation and resized (PIL-free bilinear via swscale) when a size
+    is given."""
+    import numpy as np
+
+    container, stream = _open(path)
+    frames, pts = [], []
+    with container:
+        for position, frame in enumerate(container.decode(stream)):
+            if width and height:
+                frame = frame.reformat(width=width, height=height, format="rgb24")
+            frames.append(frame.to_ndarray(format="rgb24"))
+            pts.append(int(frame.pts) if index.has_pts and frame.pts is not None else position)
+    rotation = index.meta.get("rotation", 0)
+    out = np.stack(frames) if frames else np.zeros((0, 1, 1, 3), np.uint8)
+    if rotation % 360:
+        out = np.ascontiguousarray(np.rot90(out, k=rotation // 90, axes=(1, 2)))
+    return out, pts
