@@ -135,8 +135,11 @@ def _check_entry(fields, where: str, allow_preset: bool = True) -> None:
 # resolving roles
 
 def load_models(config_path: str | os.PathLike | None = None, profile: str | None = None,
-                overrides: dict[str, str] | None = None) -> dict[str, ModelSpec]:
-    """Resolve every role to a ModelSpec with a checked local path (see module docstring)."""
+                overrides: dict[str, str] | None = None, *, build: bool = True) -> dict[str, ModelSpec]:
+    """Resolve every role to a ModelSpec with a checked local path (see module docstring).
+
+    `build=False` resolves paths without building tiny checkpoints or checking folders (the
+    memory planner sizes profiles whose weights are not on this machine)."""
     user = read_config_file(config_path)
     where = str(config_path) if config_path else "config"
     base_dir = Path(config_path).expanduser().resolve().parent if config_path else Path.cwd()
@@ -161,7 +164,7 @@ def load_models(config_path: str | os.PathLike | None = None, profile: str | Non
             fields = _apply(cat, defaults, fields, user_models[role], base_dir, f"{where}: models.{role}")
         if overrides and role in overrides:
             fields = _apply(cat, defaults, fields, overrides[role], Path.cwd(), f"--model {role}")
-        specs[role] = _finish(fields, f"{role} ({fields.get('name')})")
+        specs[role] = _finish(fields, f"{role} ({fields.get('name')})", build=build)
     return specs
 
 
