@@ -91,6 +91,10 @@ class JobManager:
         """Stop the workers (running jobs stay `queued` for the next start), close the engines."""
         self._closing = True
         self.ready = False
+        episodes = list(self._running.values())
+        for task in episodes:              # each writes its trace footer as it stops
+            task.cancel()
+        await asyncio.gather(*episodes, return_exceptions=True)
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
@@ -182,8 +186,10 @@ class JobManager:
         return self.data_dir / "jobs" / job.id / f"attempt-{job.attempts}"
 
     async def _worker(self) -> None:
-        while True:
+        while not self._closing:
             job_id = await self._queue.get()
+            if self._closing:
+                return
             job = self.store.get(job_id)
             if job is None or job.status != "queued":
                 continue                   # cancelled while it waited
@@ -211,7 +217,7 @@ class JobManager:
             trace = self.trace_path(job.id)
             if self._closing:              # shutdown: run it again at the next start
                 self.store.update(job.id, status="queued")
-                raise
+                return
             self.store.update(job.id, status="cancelled", error="cancelled by request",
                               trace_path=str(trace) if trace else None)
         except MedClawError as err:

@@ -118,8 +118,8 @@ def make_service(tmp_path, video_root):
 
     def make(hold_at: int | None = None, data_dir: Path | None = None, **overrides) -> Service:
         data = data_dir or tmp_path / "data"
-        settings = ServerSettings(allowed_roots=[str(video_root)], data_dir=str(data),
-                                  **{"concurrency": 2, **overrides})
+        settings = ServerSettings(**{"allowed_roots": [str(video_root)], "data_dir": str(data),
+                                     "concurrency": 2, **overrides})
         orchestrator = HeldScripted(orchestrator_reply, hold_at=hold_at, model_name="scripted-llm")
         vlm = ScriptedBackend(vlm_reply, model_name="scripted-vlm")
         runtime = Runtime(fake_specs(tmp_path), skills=SkillLibrary(),
