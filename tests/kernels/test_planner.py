@@ -141,7 +141,7 @@ def test_budget_impossible_raises():
 
 
 @pytest.mark.parametrize("start,end", [(-5.0, 10.0), (10.0, 700.0), (30.0, 20.0), (5.0, 5.0),
-                                       (float("nan"), 3.0), (599.99, None)])
+                                       (float("nan"), 3.0)])
 def test_bad_time_ranges_raise_one_line(start, end):
     with pytest.raises(TimeRangeError) as err:
         plan_frames(_info(600), start, end)
@@ -164,3 +164,47 @@ def test_importing_kernels_stays_light():
             "print(sorted(m for m in ('torch', 'numpy', 'av', 'torchcodec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_window_shorter_than_a_frame_repeats_the_frame_on_screen():
+    """Qwen needs 2 frames per temporal patch: a range holding one frame sends it twice."""
+    plan = plan_frames(_info(600), 599.99, None)
+    assert plan.frame_indices == (14999, 14999) and plan.num_frames == 2
+    one = VideoInfo(path="one.mp4", sha256="1" * 64, duration_s=0.04, fps=25.0, num_frames=1,
+                    width=320, height=180, codec="h264")
+    for kwargs in ({}, {"fps": None, "num_frames": 8}, {"max_visual_tokens": 50}):
+        plan = plan_frames(one, **kwargs)
+        assert plan.frame_indices == (0, 0) and plan.timestamps_s == (0.0, 0.0)
+        assert plan.num_visual_tokens == visual_tokens(2, plan.height, plan.width)
+
+
+def test_random_budget_sweep_never_yields_a_zero_side_or_crashes():
+    """Random sizes, rates, pixel floors and budgets: every plan is valid and within budget."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        width, height = rng.randint(16, 4000), rng.randint(16, 4000)
+        if max(width, height) / min(width, height) > 200:
+            continue
+        budget = rng.choice([1, 2, 3, rng.randint(1, 300), rng.randint(1, 30_000)])
+        plan = plan_frames(_info(60, 25, width, height), fps=rng.choice([0.5, 2.0, 4.0]),
+                           min_pixels=rng.choice([784, 3136, DEFAULT_MIN_PIXELS, 700_000]),
+                           max_visual_tokens=budget)
+        assert plan.num_visual_tokens <= budget
+        assert plan.width >= FACTOR and plan.height >= FACTOR
+        assert plan.width % FACTOR == 0 and plan.height % FACTOR == 0
+        assert plan.num_frames >= 2 and plan.num_frames % 2 == 0
+    tiny = plan_frames(_info(60, 25, 1280, 720), max_visual_tokens=1)
+    assert (tiny.width, tiny.height, tiny.num_frames) == (28, 28, 2)    # qwen would plan 28x0
+
+
+def test_min_pixels_above_the_frame_cap_behaves_as_qwen_vl_utils():
+    """No max_pixels: the cap rises to 1.05 x min_pixels, as fetch_video does."""
+    info = _info(60, 25, 1280, 720)
+    ele = {"fps": 2.0, "min_pixels": 700_000}
+    plan = plan_frames(info, fps=2.0, min_pixels=700_000)
+    idx, h, w, _ = _qwen_plan(info, ele)
+    assert list(plan.frame_indices) == idx and (plan.height, plan.width) == (h, w)
+    with pytest.raises(ValueError, match="min_pixels"):           # contradictory: refused
+        plan_frames(info, min_pixels=700_000, max_pixels=600_000)
