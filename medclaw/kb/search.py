@@ -14,8 +14,10 @@ Contract
   `UnknownPassageTypeError` listing the known ones. An empty query raises `KnowledgeBaseError`.
 - With a CUDA FAISS build and a visible GPU (`faiss.get_num_gpus() > 0`) the index is searched on
   the GPU; otherwise on CPU. Results are the same (exact flat index).
-- Safe to share between concurrent episodes: searches are serialised by a lock (they take
-  milliseconds; the encoder is the slow part and is itself locked).
+- Safe to share between concurrent episodes and threads (callers run `search` in worker
+  threads): index lookups are serialised by a lock (they take milliseconds; the encoder is the
+  slow part and is itself locked), and the encoder is loaded once even when the first searches
+  arrive together.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class KnowledgeBase:
     """A loaded index: FAISS index + passages + manifest. Build with `load`."""
 
     __slots__ = ("index_dir", "manifest", "passages", "_index", "_encoder_ref", "_encoder",
-                 "_type_rows", "_lock")
+                 "_type_rows", "_lock", "_encoder_lock")
 
     def __init__(self, index_dir: Path, manifest: dict, passages: list[dict], index: Any,
                  encoder_ref: str | os.PathLike | None) -> None:
@@ -60,6 +62,7 @@ class KnowledgeBase:
         for row in passages:
             self._type_rows[row["type"]] = self._type_rows.get(row["type"], 0) + 1
         self._lock = threading.Lock()
+        self._encoder_lock = threading.Lock()
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -106,22 +109,26 @@ class KnowledgeBase:
 
     def encoder(self):
         """The sentence encoder for queries (loaded on first use, shared process-wide)."""
-        if self._encoder is None:
-            from medclaw.kb.encoder import DEFAULT_ENCODER_NAME, get_encoder
-
-            info = self.manifest.get("encoder", {})
-            ref = self._encoder_ref
-            if ref is None:
-                ref = info.get("path")
-                if info.get("name") == DEFAULT_ENCODER_NAME and not Path(str(ref)).is_dir():
-                    ref = None          # index moved to another machine: use the installed default
-            enc = get_encoder(ref)
-            if enc.dim != int(info.get("dim", enc.dim)):
-                raise EncoderNotFoundError(
-                    f"encoder {enc.path} makes {enc.dim}-d vectors but the index {self.index_dir} "
-                    f"was built with {info.get('dim')}-d ({info.get('name')})")
-            self._encoder = enc
+        with self._encoder_lock:
+            if self._encoder is None:
+                self._encoder = self._load_encoder()
         return self._encoder
+
+    def _load_encoder(self):
+        from medclaw.kb.encoder import DEFAULT_ENCODER_NAME, get_encoder
+
+        info = self.manifest.get("encoder", {})
+        ref = self._encoder_ref
+        if ref is None:
+            ref = info.get("path")
+            if info.get("name") == DEFAULT_ENCODER_NAME and not Path(str(ref)).is_dir():
+                ref = None          # index moved to another machine: use the installed default
+        enc = get_encoder(ref)
+        if enc.dim != int(info.get("dim", enc.dim)):
+            raise EncoderNotFoundError(
+                f"encoder {enc.path} makes {enc.dim}-d vectors but the index {self.index_dir} "
+                f"was built with {info.get('dim')}-d ({info.get('name')})")
+        return enc
 
     def warm(self) -> None:
         """Load the encoder and run it once, e.g. at engine start, so the first episode's

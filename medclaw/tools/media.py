@@ -7,9 +7,10 @@ Contract
   ModelSpec budgets (fps, pixels, max_frames) and under the tokens left — both the episode's visual
   budget (`ctx.visual_tokens_left`) and the model's context (`max_model_len` minus the text around
   the clip). Nothing fits → `VisualBudgetError` (a `ToolError`: the orchestrator reads it).
-- `await load_clip(ctx, plan)` / `await load_frame(ctx, role, t, crop_box)`: decode (in a worker
-  thread, so other episodes' generation overlaps it), build the `MediaItem` with its stable uuid,
-  the `FrameRef`s of exactly the frames decoded, and charge `ctx.visual_tokens_used`.
+- `await load_clip(ctx, plan)` / `await load_frame(ctx, role, t, crop_box)`: decode (through
+  `FrameSource.aget`: in the source's own threads, never the loop's default executor, and a
+  decode queued behind another of the same video holds no thread), build the `MediaItem` with its
+  stable uuid, the `FrameRef`s of exactly the frames decoded, and charge `ctx.visual_tokens_used`.
 - Media uuids follow docs/architecture.md rule 2: `requests.conversation.media_uuid(sha256, first, last, fps,
   pixels)`, plus the frame count, the output size and the crop box — every input that determines
   the pixels, none computed from them. Same video + range + sampling + size ⇒ same uuid ⇒ vLLM
@@ -17,13 +18,14 @@ Contract
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from medclaw.kernels.errors import TimeRangeError
 from medclaw.kernels.planner import FACTOR as PATCH          # 28 px per token side (14-px patches, 2×2 merge)
 from medclaw.kernels.planner import FRAME_FACTOR as TEMPORAL_PATCH   # 2 frames per temporal patch
-from medclaw.kernels.planner import plan_frames, smart_resize, visual_tokens
+from medclaw.kernels.planner import (
+    frame_at_time, frame_time_s, plan_frames, smart_resize, visual_tokens,
+)
 from medclaw.tools.base import ToolContext, ToolError
 from medclaw.tools.prompts import FRAME_MAX_TOKENS
 from medclaw.tools.timeline import Window
@@ -89,9 +91,9 @@ def check_window(video: VideoInfo, start_s: float, end_s: float) -> Window:
 
 
 def frame_index_at(video: VideoInfo, time_s: float) -> int:
-    """Index of the frame on screen at `time_s` (constant-rate timing; the last frame at the end)."""
-    index = int(time_s * video.fps + 1e-6)
-    return max(0, min(video.num_frames - 1, index))
+    """Index of the frame on screen at `time_s`, by the frames' real pts (variable rates
+    included; the last frame at the end)."""
+    return frame_at_time(video, time_s)
 
 
 # --- planning -------------------------------------------------------------------------------------
@@ -166,7 +168,8 @@ def clip_uuid(video: VideoInfo, first: int, last: int, fps: float, width: int, h
 async def load_clip(ctx: ToolContext, plan, crop_box=None) -> Clip:
     """Decode `plan` (a FramePlan), charge its tokens, and return the clip with its evidence."""
     video = ctx.video
-    frames = await asyncio.to_thread(ctx.frames.get, video, plan, crop_box)   # (T, H, W, 3) uint8
+    # aget: a decode waiting for another one of this video waits without holding a thread
+    frames = await ctx.frames.aget(video, plan, crop_box)                  # (T, H, W, 3) uint8
     count, height, width = int(frames.shape[0]), int(frames.shape[1]), int(frames.shape[2])
     indices = [int(i) for i in plan.frame_indices]
     timestamps = [float(t) for t in plan.timestamps_s]
@@ -210,9 +213,9 @@ async def load_frame(ctx: ToolContext, role: str, time_s: float,
     tokens = image_tokens(width, height)
     if tokens > available:
         raise VisualBudgetError(_budget_message(ctx))
-    frame = await asyncio.to_thread(ctx.frames.get_frame, video, index, width, height, crop_box)
+    frame = await ctx.frames.aget_frame(video, index, width, height, crop_box)
     height, width = int(frame.shape[0]), int(frame.shape[1])                  # (H, W, 3) uint8
-    timestamp = index / video.fps if video.fps > 0 else float(time_s)
+    timestamp = frame_time_s(video, index)                                  # the frame's pts
     media = MediaItem(
         kind="image", uuid=clip_uuid(video, index, index, video.fps, width, height, 1, crop_box,
                                      kind="image"),

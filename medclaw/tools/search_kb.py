@@ -2,12 +2,13 @@
 
 k is bounded 1..10 by the schema. With `types` given (the KB's passage types) the `type` field is an
 enum of "any" + those types; otherwise it is a short free string. No configured KB → error
-observation (the orchestrator should stop asking). The KB search is synchronous and short (one
-sentence-encoder pass + a FAISS lookup), so it runs on the event loop rather than in a thread,
-which keeps the encoder free of concurrent callers.
+observation (the orchestrator should stop asking). The search (one sentence-encoder pass + a
+FAISS lookup, and on first use the encoder's load) runs in a worker thread, never on the event
+loop: other episodes keep going meanwhile. The knowledge base serialises its own encoder and index.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from medclaw.tools.base import Tool, ToolContext, ToolError
@@ -50,7 +51,8 @@ class SearchKBTool(Tool):
         from medclaw.kb.errors import UnknownPassageTypeError
 
         try:
-            hits = kb.search(query, k=int(args["k"]), type=None if kind in ("", ANY_TYPE) else kind)
+            hits = await asyncio.to_thread(kb.search, query, k=int(args["k"]),
+                                           type=None if kind in ("", ANY_TYPE) else kind)
         except UnknownPassageTypeError as err:
             raise ToolError(str(err)) from None
         if not hits:

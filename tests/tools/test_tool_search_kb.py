@@ -72,3 +72,23 @@ async def test_no_knowledge_base_configured(bare_ctx):
     obs = await default_registry().run(bare_ctx, "search_surgical_kb",
                                        {"query": "x", "type": "any", "k": 3})
     assert obs.error is not None and "no knowledge base" in obs.error
+
+
+async def test_search_runs_off_the_event_loop(knowledge_base, make_bare_ctx):
+    """The encoder pass (and its first-use load) must not stall the other episodes' loop."""
+    import threading
+
+    threads = []
+
+    class Watched:
+        types = knowledge_base.types
+
+        def search(self, *args, **kwargs):
+            threads.append(threading.current_thread())
+            return knowledge_base.search(*args, **kwargs)
+
+    ctx = make_bare_ctx(knowledge_base=Watched())
+    obs = await default_registry().run(ctx, "search_surgical_kb",
+                                       {"query": "clip applier", "type": "any", "k": 1})
+    assert obs.error is None and obs.data["hits"][0]["title"] == "Clip applier"
+    assert threads and threads[0] is not threading.current_thread()

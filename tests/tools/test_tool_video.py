@@ -387,3 +387,24 @@ async def test_frame_verifier_empty_reply_keeps_the_evidence(make_ctx):
     assert obs.error is not None and obs.error.startswith("select_video_frame: ")
     assert "empty description" in obs.error
     assert len(obs.model_calls) == 1 and len(obs.frames) == 1 and ctx.visual_tokens_used > 0
+
+
+async def test_decodes_do_not_need_the_default_executor(make_ctx, video):
+    """Frames are decoded in the frame source's own threads: with the loop's default executor
+    fully taken (by, say, episodes probing videos), a tool's decode still completes."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(1))
+    release = threading.Event()
+    blocker = loop.run_in_executor(None, release.wait, 60)
+    try:
+        ctx = make_ctx(frame_script=["A grasper."])
+        obs = await asyncio.wait_for(default_registry().run(
+            ctx, "select_video_frame", {"time_s": 12.0, "query": "instrument?"}), 30)
+        assert obs.error is None and obs.frames[0].frame_index == 300
+    finally:
+        release.set()
+        await blocker
