@@ -1,6 +1,11 @@
 """The budgets of one episode: orchestrator steps, visual tokens, wall-clock time — and the
 orchestrator's context window, which must still hold the next turn.
 
+`max_steps` counts every orchestrator call, the answer included: the steps budget is spent after
+`max_steps - 1` calls, so that a forced answer is call `max_steps` at the latest and the step
+counter never passes its limit. The wall clock starts when the budget is made, i.e. after the
+engines are up (`Runtime.start`): it times the episode, not engine start-up.
+
 `Budget` only measures; the episode loop decides. Visual tokens are charged by the tools on the
 `ToolContext` (`visual_tokens_used`), so the budget reads them from there instead of keeping a
 second count that could drift. The context estimate (`context_tokens`) is set by the loop after
@@ -48,12 +53,14 @@ class Budget:
 
     @property
     def steps_left(self) -> int:
+        """Orchestrator calls left, the one kept for the answer included."""
         return max(0, self.config.max_steps - self.steps_used)
 
     def fractions(self) -> dict[str, float]:
         """Fraction of each budget spent, 0..1+."""
+        gathering_steps = self.config.max_steps - 1          # the last call is for the answer
         return {
-            "steps": self.steps_used / self.config.max_steps,
+            "steps": self.steps_used / gathering_steps if gathering_steps > 0 else 1.0,
             "visual_tokens": self.visual_tokens_used / self.config.visual_token_budget,
             "wall_time": self.elapsed_s / self.config.max_wall_s,
         }
@@ -74,7 +81,8 @@ class Budget:
         fr = self.fractions()
         if max(fr.values()) < self.config.warn_at:
             return None
-        return (f"BUDGET WARNING: {self.steps_left} step(s) left of {self.config.max_steps}; "
+        return (f"BUDGET WARNING: {self.steps_left} step(s) left of {self.config.max_steps}, "
+                "the last one for final_answer; "
                 f"visual tokens {self.visual_tokens_used}/{self.config.visual_token_budget}; "
                 f"time {self.elapsed_s:.0f}/{self.config.max_wall_s:.0f} s. "
                 "Gather only what you still need, then call final_answer.")

@@ -11,16 +11,22 @@ step). It ends in exactly one of:
 - `forced_answer`  a budget (steps, visual tokens, wall time, the orchestrator's context window)
                    was spent, or the model failed N calls in a row: one last orchestrator call
                    constrained to final_answer (it gets `forced_answer_grace_s`);
-- `failed: <why>`  no answer could be obtained (the forced call was unusable), or our code raised
-                   — then the trace is saved with that status and the exception propagates.
+- `failed: <why>`  no answer could be obtained (the forced call was unusable: the result says so),
+                   or our code raised or an engine was lost (the registry lets only those out
+                   of a tool) — then the trace is saved with that status and the exception
+                   propagates, carrying `medclaw_trace = (trace path, steps)`.
 
-Model mistakes (malformed JSON, unknown tool, bad arguments, a tool's `Observation.error`,
-final_answer before `min_tool_steps`) are appended as error observations and the loop continues.
+Model mistakes (malformed JSON, unknown tool, bad arguments, a tool's `Observation.error`, any
+exception a tool raised on the model's arguments, final_answer before `min_tool_steps`) are
+appended as error observations and the loop continues. At most `max_steps` orchestrator calls are
+made, a forced answer included (see `Budget`).
 Every orchestrator call and tool run is bounded by the wall time left, so a stuck engine or
 decoder is cancelled instead of hanging the episode. The generation schema is the tools' action
 schema tightened per episode (`generation_schema`: times ≤ the video's duration, optional string /
 array caps). The video is probed first (off the event loop), so a bad path fails in seconds,
-before any engine is asked for. `run_batch` runs many episodes concurrently on shared engines.
+before any engine is asked for; then `runtime.start()` makes every engine ready (a no-op once
+done), and only then does the episode's clock start: budgets time the episode, not engine
+start-up. `run_batch` runs many episodes concurrently on shared engines.
 """
 from __future__ import annotations
 
@@ -51,11 +57,22 @@ class EpisodeResult:
     episode_id: str = ""
     evidence_times: list = field(default_factory=list)
     totals: dict = field(default_factory=dict)
+    error: str | None = None         # one line when status is failed, else None
 
     def to_dict(self) -> dict:
         """The `medclaw ask --json` shape."""
         return {"answer": self.answer, "status": self.status, "steps": self.steps,
-                "trace": self.trace_path}
+                "trace": self.trace_path, "error": self.error}
+
+    @classmethod
+    def from_exception(cls, err: BaseException, episode_id: str = "") -> "EpisodeResult":
+        """The failed result of an episode that raised `err` (trace path and steps from the
+        `medclaw_trace` it carries, when the episode had begun)."""
+        from medclaw.errors import describe
+
+        trace_path, steps = getattr(err, "medclaw_trace", (None, 0))
+        return cls(answer=None, status=f"failed: {_one_line(describe(err))}", steps=steps,
+                   trace_path=trace_path, episode_id=episode_id, error=_one_line(describe(err)))
 
 
 StepCallback = Callable[[Step, "Budget"], None]
@@ -75,6 +92,7 @@ async def run_episode(question: str, video_path: str, runtime, config: EpisodeCo
         # Probing hashes the file and may run a decoder: keep it off the event loop so that
         # concurrent episodes keep going meanwhile.
         video_info = await asyncio.to_thread(probe_video, video_path)
+    await runtime.start()           # engines first: the budget's clock starts after them
     episode_id = episode_id or uuid.uuid4().hex[:12]
     episode = _Episode(question, video_info, runtime, config, episode_id, on_step)
     return await episode.run()
@@ -129,9 +147,11 @@ class _Episode:
                 pass
             raise
         self._finish(status)
+        error = status.split(": ", 1)[1] if status.startswith("failed") else None
         return EpisodeResult(answer=self.answer, status=status, steps=len(self.steps),
                              trace_path=str(self.trace_path), episode_id=self.episode_id,
-                             evidence_times=self.evidence_times, totals=self._totals())
+                             evidence_times=self.evidence_times, totals=self._totals(),
+                             error=error)
 
     async def _loop(self) -> str:
         orchestrator = await self.runtime.get_backend("orchestrator")
@@ -207,8 +227,12 @@ class _Episode:
         except _WallTimeout:
             obs = Observation(text="", error=f"{action.tool} ran past the wall-time budget and was cancelled")
         except BaseException as err:
-            # A bug in a tool: keep the call that led to it in the trace, then let it propagate.
-            step.error = f"internal error in {action.tool}: {type(err).__name__}: {_one_line(err)}"
+            # A bug in a tool or a lost engine (the registry observes everything else): keep the
+            # call that led to it in the trace, then let it propagate.
+            from medclaw.errors import LOST, describe, error_kind
+
+            what = "engine lost" if error_kind(err) == LOST else "internal error"
+            step.error = f"{what} in {action.tool}: {_one_line(describe(err))}"
             step.tool_latency_s = time.monotonic() - started
             self._record(step)
             raise
@@ -338,9 +362,7 @@ async def run_batch(items: list[BatchItem], runtime, config: EpisodeConfig, *,
             except asyncio.CancelledError:
                 raise
             except Exception as err:     # noqa: BLE001 — isolate items; the trace keeps details
-                trace_path, steps = getattr(err, "medclaw_trace", (None, 0))
-                result = EpisodeResult(answer=None, status=f"failed: {_one_line(err)}",
-                                       steps=steps, trace_path=trace_path, episode_id=episode_id)
+                result = EpisodeResult.from_exception(err, episode_id)
         if on_result is not None:
             on_result(item, result)
         return result

@@ -216,10 +216,13 @@ async def test_step_budget_warns_then_forces_a_final_answer(tmp_path, synth_vide
     final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "a grasper", "evidence_times": [2.0]}})
     orchestrator = SchemaScripted([load] * 4 + [final])
     runtime = make_runtime(tmp_path, orchestrator, ScriptedBackend([]), skills)
+    seen = []
     result = await run_episode(QUESTION, str(synth_video.path), runtime,
-                               config(tmp_path, max_steps=4, warn_at=0.75))
+                               config(tmp_path, max_steps=5, warn_at=0.75),
+                               on_step=lambda step, budget: seen.append((step.index, budget.steps_used)))
     assert result.status == "forced_answer" and result.answer == "a grasper"
-    assert result.steps == 5
+    # the forced answer is the 5th call of 5: the step counter never passes its limit
+    assert result.steps == 5 and seen == [(i, i) for i in range(1, 6)]
     requests = orchestrator.requests
     # normal turns may call any tool; the forced turn is constrained to final_answer only
     assert "anyOf" in requests[0].json_schema
@@ -272,6 +275,24 @@ async def test_crash_mid_episode_leaves_a_failed_trace(tmp_path, synth_video, sk
     assert len(trace.steps) == 1 and trace.steps[0]["tool"] == "load_skill"
     assert trace.footer["status"] == "failed: RuntimeError: engine died"
     assert "engine died" in trace.footer["error"]
+
+
+async def test_engine_start_is_not_charged_to_the_episode(tmp_path, synth_video, skills, monkeypatch):
+    """Engines start before the clock: a slow engine start never spends the wall-time budget."""
+    import time as time_module
+
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "hook", "evidence_times": []}})
+
+    def slow_engine(spec):
+        time_module.sleep(1.5)                   # an engine start, longer than the whole budget
+        return ScriptedBackend([final] if spec.name == "scripted-llm" else [], model_name=spec.name)
+
+    monkeypatch.setattr(Runtime, "_construct", staticmethod(slow_engine))
+    runtime = Runtime(_specs(tmp_path), skills=skills)
+    result = await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path, max_wall_s=1.0))
+    assert result.status == "answered" and result.answer == "hook"
+    assert Trace.load(result.trace_path).footer["totals"]["wall_s"] < 1.0
+    await runtime.close()
 
 
 async def test_bad_video_fails_before_any_model_call(tmp_path, skills):
@@ -435,19 +456,95 @@ async def test_a_stuck_engine_cannot_hang_the_episode(tmp_path, synth_video, ski
     assert steps[-1]["kind"] == "forced_answer"
 
 
+# --- whatever a tool raises on the model's arguments is an observation ---------------------------
+
+@pytest.fixture(scope="module")
+def hd_video(tmp_path_factory):
+    """4 s of ffmpeg's test pattern at 1920x1080 (a real 1080p H.264 file, made in a second)."""
+    import subprocess
+
+    path = tmp_path_factory.mktemp("hd") / "hd.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    "testsrc=size=1920x1080:rate=5", "-t", "4", "-c:v", "libx264", "-preset",
+                    "ultrafast", "-pix_fmt", "yuv420p", str(path)], check=True)
+    return path
+
+
+def _zeroed_middle(src, dst):
+    """A copy of `src` whose middle third of bytes are zeros (its index still intact)."""
+    data = bytearray(src.read_bytes())
+    third = len(data) // 3
+    data[third:2 * third] = bytes(third)
+    dst.write_bytes(bytes(data))
+
+
+CROP = {"start_s": 20.0, "end_s": 36.0, "query": "which instrument enters"}
+
+
+@pytest.mark.parametrize("case", ["thin region on 1080p", "corrupt mid-file", "decode timeout"])
+async def test_what_a_tool_raises_on_the_models_arguments_is_an_observation(
+        tmp_path, synth_video, hd_video, skills, case):
+    import dataclasses
+
+    from medclaw.kernels.probe import probe_video
+
+    video, info, frame_source = synth_video.path, None, {}
+    if case == "thin region on 1080p":      # 1920 x 8.1 source pixels: aspect ratio 237 > 200
+        video, tool = hd_video, "crop_video_frame"
+        args = {"time_s": 1.0, "x1": 0, "y1": 0, "x2": 1, "y2": 0.0075, "query": "is there a clip"}
+        expected = "aspect ratio"
+    elif case == "corrupt mid-file":        # the file changed after the probe, like a bad disk
+        broken = tmp_path / "broken.mp4"
+        _zeroed_middle(synth_video.path, broken)
+        info = dataclasses.replace(probe_video(synth_video.path), path=str(broken), sha256="b" * 64)
+        tool, args, expected = "crop_video", CROP, "cannot decode frame"
+    else:
+        frame_source = {"timeout_s": 1e-4, "cache_mb": 0}
+        tool, args, expected = "crop_video", CROP, "took longer than"
+    act = json.dumps({"thought": "", "tool": tool, "args": args})
+    final = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "hook", "evidence_times": []}})
+    orchestrator = ScriptedBackend([act, final])
+    vlm = ScriptedBackend(lambda request: "[00:00-00:01] a grasper enters the view")
+    runtime = Runtime(_specs(tmp_path), skills=skills, frame_source_kwargs=frame_source,
+                      backends={"orchestrator": orchestrator, "video_expert": vlm, "frame_verifier": vlm})
+    result = await run_episode(QUESTION, str(video), runtime, config(tmp_path), video_info=info)
+    assert result.status == "answered" and result.steps == 2
+    first = Trace.load(result.trace_path).steps[0]
+    assert first["tool"] == tool and expected in first["error"], first["error"]
+    assert expected in _text(orchestrator.requests[1].messages[-1])     # the model was told
+    assert vlm.requests == []                                           # nothing reached a model
+    await runtime.close()
+
+
+async def test_a_lost_engine_inside_a_tool_ends_the_episode(tmp_path, synth_video, skills):
+    from medclaw.errors import EngineLostError
+
+    def gone(request):
+        raise EngineLostError("model 'scripted-vlm': cannot reach http://127.0.0.1:9/v1")
+
+    act = json.dumps({"thought": "", "tool": "crop_video", "args": CROP})
+    runtime = make_runtime(tmp_path, ScriptedBackend([act]), ScriptedBackend(gone), skills)
+    with pytest.raises(EngineLostError) as info:
+        await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path), episode_id="lost")
+    path, steps = info.value.medclaw_trace
+    trace = Trace.load(path)
+    assert steps == 1 and trace.steps[0]["error"].startswith("engine lost in crop_video: model")
+    assert trace.footer["status"].startswith("failed: EngineLostError")
+
+
 async def test_a_tool_bug_is_traced_then_raised(tmp_path, synth_video, skills, monkeypatch):
     from medclaw.tools.skills import LoadSkillTool
 
     async def broken(self, ctx, args):
-        raise ZeroDivisionError("tool bug")
+        raise TypeError("tool bug")
 
     monkeypatch.setattr(LoadSkillTool, "run", broken)
     load = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
     runtime = make_runtime(tmp_path, ScriptedBackend([load]), ScriptedBackend([]), skills)
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(TypeError):
         await run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path), episode_id="bug")
     [path] = (tmp_path / "traces").glob("*bug.jsonl")
     trace = Trace.load(path)
     assert trace.steps[0]["tool"] == "load_skill" and "internal error" in trace.steps[0]["error"]
     assert trace.steps[0]["orchestrator_call"] is not None
-    assert trace.footer["status"].startswith("failed: ZeroDivisionError")
+    assert trace.footer["status"].startswith("failed: TypeError")

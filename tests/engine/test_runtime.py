@@ -248,12 +248,13 @@ def test_budget_warns_then_exhausts_on_each_dimension():
         visual_tokens_used = 0
 
     now = [0.0]
-    config = EpisodeConfig(max_steps=4, visual_token_budget=1000, max_wall_s=100.0, warn_at=0.75)
+    config = EpisodeConfig(max_steps=5, visual_token_budget=1000, max_wall_s=100.0, warn_at=0.75)
     ctx = Ctx()
     budget = Budget(config=config, ctx=ctx, clock=lambda: now[0])
     assert budget.exhausted() is None and budget.warning() is None
     budget.steps_used = 3
-    assert "1 step(s) left" in budget.warning() and budget.exhausted() is None
+    assert "2 step(s) left of 5" in budget.warning() and budget.exhausted() is None
+    # spent after max_steps - 1 calls: the forced answer is call max_steps, never max_steps + 1
     budget.steps_used = 4
     assert budget.exhausted() == "steps budget spent"
     budget.steps_used = 0
@@ -264,3 +265,5 @@ def test_budget_warns_then_exhausts_on_each_dimension():
     assert budget.warning() is not None and budget.exhausted() is None
     now[0] = 100.0
     assert budget.exhausted() == "wall time budget spent"
+    one = Budget(config=EpisodeConfig(max_steps=1), ctx=ctx)      # one call: the answer itself
+    assert one.exhausted() == "steps budget spent"
