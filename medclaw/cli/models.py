@@ -5,6 +5,7 @@
     medclaw models make-tiny [DIR] [--seed N]
     medclaw models import NAME SRC [--copy] [--force]
     medclaw models verify NAME
+    medclaw models plan [PROFILE] [--gpus 4x80GB] [--concurrency N] [--decode-device cuda] [--json]
     medclaw models serve NAME [--host H] [--port P] [--tensor-parallel-size N]
                               [--data-parallel-size N] [--role ROLE] [--dry-run] [vLLM args …]
 
@@ -65,6 +66,24 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.set_defaults(handler=_verify)
 
+    p = sub.add_parser("plan", help="GPU memory plan: where each role's engine goes, or why it cannot",
+                       description="Add up weights (quantised where set), KV cache for max_model_len x "
+                       "concurrency and vision-encoder activations for the largest planned clip, "
+                       "for every engine of a profile; print a placement (role -> GPUs, TP size, "
+                       "gpu_memory_utilization) or refuse with the numbers (exit 2).")
+    p.add_argument("profile", nargs="?", help="profile name (default: the config's, else tiny-cpu)")
+    p.add_argument("--gpus", metavar="COUNTxSIZE",
+                   help="e.g. 4x80GB or 1x24GB (GB = 10^9 bytes; default: the profile's own)")
+    p.add_argument("--concurrency", type=int, metavar="N",
+                   help="episodes in flight, each at full context (default: the profile's)")
+    p.add_argument("--decode-device", default="cpu", metavar="DEVICE",
+                   help="where frames are decoded; cuda reserves the frame cache on GPU 0")
+    p.add_argument("--config", metavar="FILE", help="YAML config (profile:, models:, …)")
+    p.add_argument("--model", metavar="ROLE=PRESET_OR_PATH", action="append", default=[],
+                   help="put a preset, an imported model or a local folder in a role (repeatable)")
+    p.add_argument("--json", action="store_true", help="JSON on stdout")
+    p.set_defaults(handler=_plan)
+
     p = sub.add_parser("serve", allow_abbrev=False,
                        help="start vLLM's OpenAI-compatible server for a model, with MedClaw's flags",
                        description="Start vLLM's OpenAI-compatible server for a preset, an imported "
@@ -106,12 +125,17 @@ def _list(args) -> int:
     print("profiles:")
     for name, prof in profiles.items():
         print(f"  {name:<12} {prof['description']}")
-        print("               " + ", ".join(f"{role}={preset}" for role, preset in prof["roles"].items()))
+        print("               " + ", ".join(f"{role}={_preset_of(entry)}" for role, entry in prof["roles"].items()))
     print(f"\npresets (weights under {store.models_dir()}):")
     for name, info in presets.items():
         mark = "present" if info["present"] else "missing"
         print(f"  {name:<30} {mark:<8} {info['description']}")
     return 0
+
+
+def _preset_of(entry) -> str:
+    """A profile's role entry is a preset name, or a mapping with `preset:` and overrides."""
+    return entry if isinstance(entry, str) else str(entry.get("preset") or entry.get("path") or entry)
 
 
 def _resolve(args) -> int:
@@ -160,3 +184,13 @@ def _verify(args) -> int:
         print(f"medclaw: model {args.name!r} does not match its manifest "
               f"({len(result.changed)} changed, {len(result.missing)} missing)", file=sys.stderr)
     return 0 if result.ok else 1
+
+def _plan(args) -> int:
+    from medclaw.models.memory_plan import plan_profile
+    from medclaw.models.registry import parse_overrides
+
+    plan = plan_profile(args.profile, args.gpus, args.concurrency, config_path=args.config,
+                        overrides=parse_overrides(args.model), decode_device=args.decode_device)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.table())
+    plan.raise_if_unfit()        # the numbers are printed above; the reason as one line
+    return 0

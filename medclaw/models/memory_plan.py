@@ -266,8 +266,6 @@ def largest_clip_tokens(spec) -> tuple[int, int]:
     context room a clip gets (`max_model_len` minus the reply and the text around it); stage 1 of
     view_full_video keeps `STAGE1_SHARE` of that room for stage 2, crop_video may use all of it.
     """
-    from types import SimpleNamespace
-
     from medclaw.kernels.planner import plan_frames
     from medclaw.tools.media import TEXT_RESERVE_TOKENS
     from medclaw.tools.prompts import TIMELINE_MAX_TOKENS
@@ -276,8 +274,10 @@ def largest_clip_tokens(spec) -> tuple[int, int]:
     room = spec.max_model_len - TIMELINE_MAX_TOKENS - TEXT_RESERVE_TOKENS
     if room < 2:
         return 0, 0
-    video = SimpleNamespace(path="(largest planned clip)", fps=30.0, num_frames=30 * 7200,
-                            duration_s=7200.0, width=1920, height=1080)
+    from medclaw.types import VideoInfo
+
+    video = VideoInfo(path="(largest planned clip)", sha256="0" * 64, duration_s=7200.0, fps=30.0,
+                      num_frames=30 * 7200, width=1920, height=1080, codec="h264")
 
     def tokens(limit: int) -> int:
         return plan_frames(video, 0.0, None, fps=spec.fps, max_frames=spec.max_frames,
@@ -415,7 +415,7 @@ class MemoryPlan:
 
     def table(self) -> str:
         """Per engine and GPU: weights, KV, activations, overhead, total vs what it may claim."""
-        head = (f"{'roles':<30} {'model':<22} {'quant':<9} {'TP':>2} {'DP':>2} "
+        head = (f"{'roles':<30} {'model':<22} {'quant':<12} {'TP':>2} {'DP':>2} "
                 f"{'weights':>8} {'KV':>7} {'act':>6} {'other':>6} {'total':>7} "
                 f"{'claims':>12} {'GPUs':<10}")
         lines = [f"plan {self.name} on {gpus_text(self.gpus)} (GB = 10^9 bytes, per GPU of each "
@@ -426,7 +426,7 @@ class MemoryPlan:
                 else f"~{e.utilization:.2f}"
             where = ";".join("+".join(map(str, r)) for r in e.gpus) or "-"
             lines.append(
-                f"{','.join(e.roles):<30} {e.model[:22]:<22} {e.quantization or 'bf16':<9} "
+                f"{','.join(e.roles):<30} {e.model[:22]:<22} {e.quantization or 'bf16':<12} "
                 f"{e.tp:>2} {e.dp:>2} {_gb(e.weights):>8.1f} {_gb(e.kv_cache):>7.1f} "
                 f"{_gb(e.activations):>6.1f} {_gb(e.overhead):>6.1f} {_gb(e.total):>7.1f} "
                 f"{claims:>12} {where:<10}")
@@ -519,7 +519,9 @@ def _place(engine: EngineNeed, gpus: list[int], load: list[float], problems: lis
             f"KV {_gb(engine.kv_cache)} for {engine.concurrency} x {engine.max_model_len} tokens + "
             f"activations {_gb(engine.activations)} + overhead {_gb(engine.overhead)}) but "
             f"gpu_memory_utilization {engine.utilization:.2f} x {_gb(smallest)} GB gives "
-            f"{_gb(claim)} GB (needs >= {engine.min_utilization(smallest):.2f})")
+            f"{_gb(claim)} GB (" + (f"needs >= {engine.min_utilization(smallest):.2f}"
+                                    if engine.total <= MAX_GPU_SHARE * smallest
+                                    else "more than the GPU has") + ")")
     for _ in range(engine.dp):
         groups = [list(range(start, start + engine.tp))
                   for start in range(0, count - engine.tp + 1, engine.tp)]
@@ -541,15 +543,11 @@ def _place(engine: EngineNeed, gpus: list[int], load: list[float], problems: lis
 # entry points
 
 def profile_specs(profile: str | None = None, config_path: str | None = None,
-                  overrides: dict[str, str] | None = None) -> tuple[str, dict]:
-    """(profile name, role → ModelSpec) without needing the weights on this machine."""
+                  overrides: dict[str, str] | None = None) -> dict:
+    """role → ModelSpec of a profile (and config), without needing the weights on this machine."""
     from medclaw.models.registry import load_models
 
-    specs = load_models(config_path, profile=profile, overrides=overrides, build=False)
-    from medclaw.models.registry import catalog
-
-    name = profile or "(config)"
-    return name, specs
+    return load_models(config_path, profile=profile, overrides=overrides, build=False)
 
 
 def profile_hardware(profile: str) -> tuple[str | None, int]:
@@ -560,14 +558,19 @@ def profile_hardware(profile: str) -> tuple[str | None, int]:
     return entry.get("gpus"), int(entry.get("concurrency", 1))
 
 
-def plan_profile(profile: str, gpus: str | None = None, concurrency: int | None = None, *,
+def plan_profile(profile: str | None, gpus: str | None = None, concurrency: int | None = None, *,
                  config_path: str | None = None, overrides: dict[str, str] | None = None,
                  decode_device: str = "cpu") -> MemoryPlan:
+    """Plan a profile (else the config's `profile:`) on `gpus` (default: the profile's own
+    `gpus:`), for `concurrency` episodes (default: the profile's `concurrency:`, else 1)."""
+    from medclaw.config_file import profile_name, read_config_file
+
+    profile = profile_name(profile, read_config_file(config_path))
     stated_gpus, stated_concurrency = profile_hardware(profile)
     gpus = gpus or stated_gpus
     if not gpus:
         raise ConfigError(f"profile {profile!r} names no GPUs; pass --gpus COUNTxSIZE (e.g. 4x80GB)")
-    name, specs = profile_specs(profile, config_path, overrides)
+    specs = profile_specs(profile, config_path, overrides)
     return plan_memory(specs, parse_gpus(gpus), concurrency or stated_concurrency,
                        name=profile, decode_device=decode_device)
 

@@ -11,7 +11,7 @@ from medclaw.errors import ConfigError
 
 ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge", "encoder")
 OUTPUT_FORMATS = ("plain", "think_answer")          # think_answer: <think>…</think><answer>…</answer>
-QUANTIZATIONS = (None, "awq", "gptq", "fp8", "bnb-4bit", "bnb-8bit")
+QUANTIZATIONS = (None, "awq", "gptq", "fp8", "bnb-4bit", "bnb-8bit", "bitsandbytes")
 
 
 @dataclass(slots=True)

@@ -91,7 +91,7 @@ models:
 """)
     specs = registry.load_models(config)
     assert specs["video_expert"].name == "qwen2.5-vl-7b"
-    assert specs["video_expert"].gpu_memory_utilization == 0.4          # qwen-7b profile default
+    assert specs["video_expert"].gpu_memory_utilization == 0.5          # qwen-7b profile role entry
     assert (specs["judge"].max_model_len, specs["judge"].output_format) == (4096, "think_answer")
     assert specs["orchestrator"].path == str(tmp_path / "weights" / "orch")   # relative to the config
     assert specs["orchestrator"].max_model_len == 8192
@@ -155,7 +155,9 @@ def test_every_preset_is_a_valid_spec_and_every_profile_covers_all_roles():
         assert spec.name == name and spec.architecture
     for profile in cat.profiles.values():
         assert set(profile["roles"]) == set(ROLES)
-        assert all(preset in cat.presets for preset in profile["roles"].values())
+        # a role entry is a preset name, or a preset plus field overrides
+        assert all((entry if isinstance(entry, str) else entry["preset"]) in cat.presets
+                   for entry in profile["roles"].values())
     reasoning = {name for name in cat.presets if registry.preset_spec(name, build=False).output_format == "think_answer"}
     assert {"video-r1-7b", "deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-qwen-14b"} <= reasoning
     assert registry.preset_spec("qwen2.5-vl-72b", build=False).tensor_parallel_size > 1

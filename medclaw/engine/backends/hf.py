@@ -42,6 +42,7 @@ BNB_CONFIGS: dict[str, dict] = {
                  "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_use_double_quant": True},
     "bnb-8bit": {"load_in_8bit": True},
 }
+BNB_CONFIGS["bitsandbytes"] = BNB_CONFIGS["bnb-4bit"]     # vLLM's name; in-flight it means 4-bit
 
 
 def _bnb_config(spec: ModelSpec):

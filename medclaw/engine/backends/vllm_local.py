@@ -46,7 +46,7 @@ from medclaw.types import GenRequest, GenResult
 # ModelSpec.quantization → vLLM's `quantization` argument
 QUANTIZATION_TO_VLLM: dict[str | None, str | None] = {
     None: None, "awq": "awq", "gptq": "gptq", "fp8": "fp8",
-    "bnb-4bit": "bitsandbytes", "bnb-8bit": "bitsandbytes",
+    "bnb-4bit": "bitsandbytes", "bnb-8bit": "bitsandbytes", "bitsandbytes": "bitsandbytes",
 }
 # Per-prompt media limits for VLMs: view_full_video stage 2 carries the stage-1 video plus the
 # hi-res window; frame tools send a handful of images. vLLM profiles memory for this many items.
