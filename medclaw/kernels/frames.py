@@ -313,11 +313,16 @@ class FrameSource:
         except CorruptVideoError as err:
             if decoder is safe:
                 raise
-            frames, bad, why = None, list(range(len(missing))), f"error: {err}"
+            # An error is not a wrong frame: this request goes to the safe path, the decoder
+            # stays in use for the format.
+            log.warning("decoder %s failed on %s (%s); decoding this request on the safe path",
+                        decoder.name, info.path, str(err)[:200])
+            frames, pts, bad, why = None, None, list(range(len(missing))), ""
         if bad and decoder is safe:
             raise self._identity_error(info, index, missing, bad, frames, pts)
         if bad:
-            self._refuse(decoder, index, why[:200])
+            if why:
+                self._refuse(decoder, index, why[:200])
             with self._guard:
                 self.identity_fallbacks += 1
             again = [missing[slot] for slot in bad]

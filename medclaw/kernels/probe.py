@@ -240,7 +240,7 @@ def _scan(p: Path, container, stream, sha: str, assumed_fps: float | None):
     meta = {"width": stream.codec_context.width, "height": stream.codec_context.height,
             "rotation": rotation}
     index = build_index(sha, packets, tb=Fraction(tb), container=container.format.name,
-                        codec=stream.codec_context.name,
+                        codec=_codec_name(stream),
                         assumed_fps=assumed_fps or declared_rate or DEFAULT_ASSUMED_FPS,
                         meta=meta)
     if index.duration_s <= 0:
@@ -250,6 +250,12 @@ def _scan(p: Path, container, stream, sha: str, assumed_fps: float | None):
         raise CorruptVideoError(f"{p}: truncated: the container declares {declared:.1f} s but the "
                                 f"video data ends at {index.duration_s:.1f} s ({count} frames)")
     return index
+
+
+def _codec_name(stream) -> str:
+    """The codec ("av1"), not the decoder FFmpeg picked for it ("libdav1d")."""
+    codec = stream.codec_context.codec
+    return getattr(codec, "canonical_name", None) or stream.codec_context.name
 
 
 def _declared_duration_s(container, stream) -> float | None:
