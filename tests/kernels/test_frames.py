@@ -182,3 +182,62 @@ def test_gpu_frame_source_matches_cpu(info):
     cpu = FrameSource().get(info, plan)
     assert read_frame_indices(gpu.cpu().numpy()) == list(plan.frame_indices)
     assert np.abs(gpu.cpu().numpy().astype(int) - cpu.astype(int)).mean() < 3.0
+
+
+def test_close_stops_the_source_and_is_idempotent(info):
+    import asyncio
+
+    src = FrameSource(cache_mb=16)
+    frame = asyncio.run(src.aget_frame(info, 10, 160, 90))
+    assert read_frame_indices(frame[None]) == [10] and src._executor is not None
+    src.close()
+    src.close()
+    assert src._executor is None and len(src.cache) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        src.get_frame(info, 11, 160, 90)
+
+
+def test_waiting_decodes_hold_no_default_executor_thread(info):
+    """Eight concurrent requests for one video: they queue on an asyncio lock and decode in the
+    source's own threads; the loop's default executor is never used."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Forbidden(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            raise AssertionError("the default executor was used")
+
+    async def main():
+        asyncio.get_running_loop().set_default_executor(Forbidden(1))
+        src = FrameSource(cache_mb=64)
+        plans = [plan_frames(info, 4.0 * k, 4.0 * k + 3.0, fps=2.0) for k in range(8)]
+        out = await asyncio.gather(*(src.aget(info, plan) for plan in plans))
+        src.close()
+        return plans, out
+
+    plans, out = asyncio.run(main())
+    for plan, frames in zip(plans, out):
+        assert read_frame_indices(frames) == list(plan.frame_indices)
+
+
+def test_lock_table_is_bounded():
+    import medclaw.kernels.frames as frames
+
+    src = FrameSource()
+    for k in range(frames.MAX_VIDEO_LOCKS + 50):
+        src._video_lock(f"{k:064x}")
+    assert len(src._video_locks) == frames.MAX_VIDEO_LOCKS
+
+
+def test_resource_failures_are_not_called_corrupt():
+    from medclaw.kernels.decoders.base import DecodeJob
+    from medclaw.kernels.errors import CorruptVideoError, DecodeResourceError
+
+    job = DecodeJob(path="v.mp4", indices=(3,), width=64, height=64, fps=25.0)
+    for err in (MemoryError(), RuntimeError("CUDA error: out of memory"),
+                RuntimeError("cuvid decode failed: CUDA_ERROR_NO_DEVICE"), OSError(12, "ENOMEM")):
+        made = job.corrupt(3, err)
+        assert isinstance(made, DecodeResourceError) and not isinstance(made, CorruptVideoError)
+        assert "not at fault" in str(made)
+    made = job.corrupt(3, RuntimeError("Invalid data found when processing input"))
+    assert isinstance(made, CorruptVideoError) and "frame 3" in str(made)

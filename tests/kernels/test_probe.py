@@ -22,8 +22,11 @@ def _private_cache(tmp_path, monkeypatch):
     """Each test gets its own MEDCLAW_HOME, so the on-disk sha cache is isolated."""
     import medclaw.kernels.probe as probe
 
+    from medclaw.kernels.index import forget_memory
+
     monkeypatch.setenv("MEDCLAW_HOME", str(tmp_path / "home"))
     probe._SHA_CACHE.clear()
+    forget_memory()                 # the per-video index too: each test builds its own
 
 
 def _ffmpeg(*args):
@@ -239,3 +242,34 @@ def test_unreadable_file(synth_video, tmp_path):
         _raises_one_line(UnreadableVideoError, locked)
     finally:
         locked.chmod(0o644)
+
+
+def test_index_is_built_once_and_reused_from_disk(synth_video, monkeypatch):
+    """The packet scan happens on the first probe only; a new process reads the stored index."""
+    import medclaw.kernels.index as index_mod
+    import medclaw.kernels.probe as probe
+
+    first = probe_video(synth_video.path)
+    stored = list((index_mod._index_dir()).glob("*.npz"))
+    assert [p.name for p in stored] == [f"{first.sha256}.npz"]
+    index_mod.forget_memory()
+    probe._SHA_CACHE.clear()
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("the file was scanned again")
+
+    monkeypatch.setattr(probe, "_scan", no_scan)
+    again = probe_video(synth_video.path)
+    assert again == first
+    assert index_mod.load_index(first.sha256).num_frames == 1500
+
+
+def test_sha_memory_cache_is_bounded(tmp_path, monkeypatch):
+    import medclaw.kernels.probe as probe
+
+    monkeypatch.setattr(probe, "_SHA_CACHE_MAX", 5)
+    for k in range(12):
+        f = tmp_path / f"f{k}"
+        f.write_bytes(bytes([k]))
+        file_sha256(f)
+    assert len(probe._SHA_CACHE) == 5
