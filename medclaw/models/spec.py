@@ -1,13 +1,16 @@
 """ModelSpec: everything the engine needs to know to serve one model in one role.
 
 Swapping a backbone is editing one config entry (or passing `--preset`/`--model ROLE=PATH`), never
-code. `path` is always a local folder; nothing is ever fetched from a hub.
+code. `path` is always a local folder; nothing is ever fetched from a hub. `extra` reaches an
+engine only through the allowlist of `engine_args.EXTRA_KEYS`; a remote backend's `endpoints`
+are plain URLs from the config file, loopback (`engine_args.DEFAULT_ENDPOINT`) when none is given.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 from medclaw.errors import ConfigError
+from medclaw.models.engine_args import check_endpoints, check_extra
 
 ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge", "encoder")
 OUTPUT_FORMATS = ("plain", "think_answer")          # think_answer: <think>…</think><answer>…</answer>
@@ -45,6 +48,10 @@ class ModelSpec:
             raise ConfigError(f"model {self.name!r}: need 0 < min_pixels <= max_pixels")
         if self.fps <= 0 or self.max_frames < 2:
             raise ConfigError(f"model {self.name!r}: need fps > 0 and max_frames >= 2")
+        # what may reach an engine, and where a remote backend may connect (engine_args.py)
+        check_extra(self.name, self.backend, self.extra)
+        if self.backend == "remote":
+            self.endpoints = check_endpoints(self.name, self.endpoints)
 
     def to_dict(self) -> dict:
         return asdict(self)
