@@ -5,8 +5,15 @@ Three cases, each run by us and by the baseline with the same frames and sizes:
             default video pixel budget (e.g. 768 frames at 644x364 for 10 min of 640x360)
     window  a 30 s window in the middle at 4 fps and up to 768 tokens per frame (stage 2)
     sparse  64 frames spread over the whole video
+    seek    one full-size frame at 60 % of the video, fetched by a fresh process and a fresh
+            FrameSource (probe served by the stored sha256 and decode index, as on any call after
+            the first); speed limit = `ffmpeg -ss T -i VIDEO -frames:v 1 -f null -`; no baseline
 Ours = probe_video + plan_frames + FrameSource.get (default decoder for --device, default cache,
 `--threads` decode threads: by default one per core, up to 8).
+`--check-all`: after timing, every frame each case decodes is compared with a sequential reference
+decode (PyAV from the start, no seeking), once through FrameSource and once per raw decoder
+(`wrong_frames` per case: {decoder: frames differing from the reference}; raw decoders may be
+wrong — FrameSource must not be).
 Baseline = qwen-vl-utils `fetch_video` with its torchcodec reader forced
 (FORCE_QWENVL_VIDEO_READER=torchcodec; we check its metadata says torchcodec, since it silently
 falls back to torchvision on errors). Speed limit = `ffmpeg -threads N -i VIDEO -f null -` with
@@ -36,7 +43,8 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("coarse", "window", "sparse")
+CASES = ("coarse", "window", "sparse", "seek")
+SEEK_AT = 0.6                      # the seek case fetches the frame at this fraction of the video
 WINDOW_S = 30.0
 WINDOW_FPS = 4.0
 SPARSE_FRAMES = 64
@@ -57,6 +65,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="decode threads for ours and for the ffmpeg speed limit (default: "
                              "one per core, up to 8, as FrameSource uses); the baseline keeps "
                              "qwen-vl-utils' own setting")
+    parser.add_argument("--check-all", action="store_true",
+                        help="compare every decoded frame with a sequential reference decode and "
+                             "report wrong frames per decoder")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip qwen-vl-utils (fast check of our path only)")
     parser.set_defaults(handler=_handler)
@@ -80,6 +91,9 @@ def case_request(case: str, info) -> dict:
     if case == "sparse":
         return {"plan": {"fps": None, "num_frames": SPARSE_FRAMES},
                 "ele": {"nframes": SPARSE_FRAMES}, "range": (0.0, duration)}
+    if case == "seek":
+        at = SEEK_AT * duration
+        return {"plan": None, "ele": None, "range": (at, at)}
     raise ValueError(f"unknown case {case!r}")
 
 
@@ -125,8 +139,15 @@ def _run_ours(video: str, case: str, device: str, check: bool, threads: int) -> 
     import torch  # noqa: F401
     rss = _rss_bytes()
     t0 = time.perf_counter()
-    info = probe_video(video, use_cache=False)
-    plan = plan_frames(info, **case_request(case, info)["plan"])
+    if case == "seek":
+        from medclaw.kernels.planner import frame_at_time
+
+        info = probe_video(video)                  # the stored sha256 + index: no file scan
+        at = case_request(case, info)["range"][0]
+        plan = _SeekPlan((frame_at_time(info, at),), info.width, info.height)
+    else:
+        info = probe_video(video, use_cache=False)
+        plan = plan_frames(info, **case_request(case, info)["plan"])
     frames = FrameSource(device=device, num_threads=threads).get(info, plan,
                                                                   as_tensor=device != "cpu")
     if device != "cpu":
@@ -141,6 +162,13 @@ def _run_ours(video: str, case: str, device: str, check: bool, threads: int) -> 
     if check:
         out["accuracy"] = _accuracy(frames, plan.frame_indices)
     return out
+
+
+class _SeekPlan:
+    """The seek case's plan: one frame at full size (quacks like a FramePlan for FrameSource)."""
+
+    def __init__(self, frame_indices, width, height):
+        self.frame_indices, self.width, self.height = frame_indices, width, height
 
 
 def _run_baseline(video: str, case: str, check: bool) -> dict:
@@ -190,16 +218,63 @@ def _measure(side: str, video: str, case: str, device: str, check: bool, threads
 
 def _ffmpeg_seconds(video: str, start: float, end: float, full: bool, threads: int) -> float:
     cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-threads", str(threads)]
-    if not full:
-        cmd += ["-ss", f"{start:.3f}", "-t", f"{end - start:.3f}"]
-    cmd += ["-i", video, "-f", "null", "-"]
+    if end == start:                               # the seek case: one frame at `start`
+        cmd += ["-ss", f"{start:.3f}", "-i", video, "-frames:v", "1", "-f", "null", "-"]
+    elif not full:
+        cmd += ["-ss", f"{start:.3f}", "-t", f"{end - start:.3f}", "-i", video, "-f", "null",
+                "-"]
+    else:
+        cmd += ["-i", video, "-f", "null", "-"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
     return time.perf_counter() - t0
 
 
+def check_all(video: str, info, cases, device: str = "cpu") -> dict:
+    """{case: {decoder: wrong frames}}: every frame of each case, through FrameSource and through
+    each raw decoder, against a sequential reference decode (module docstring)."""
+    import numpy as np
+
+    from medclaw.kernels.decoders import available_decoders, make_decoder
+    from medclaw.kernels.decoders.base import DecodeJob
+    from medclaw.kernels.frames import FrameSource
+    from medclaw.kernels.index import index_for
+    from medclaw.kernels.planner import frame_at_time, plan_frames
+    from medclaw.kernels.verify import reference_decode
+
+    index = index_for(info)
+    out = {}
+    for case in cases:
+        if case == "seek":
+            indices = [frame_at_time(info, case_request(case, info)["range"][0])]
+        else:
+            indices = sorted(set(plan_frames(info, **case_request(case, info)["plan"])
+                                 .frame_indices))
+        # Native size: the reference and every decoder compared pixel for pixel, no resizing.
+        reference, _ = reference_decode(video, index, keep=indices)               # (n, H, W, 3)
+
+        def wrong(frames) -> int:
+            frames = np.asarray(frames)
+            diff = np.abs(frames.astype(np.int16) - reference.astype(np.int16))
+            return int((diff.reshape(len(indices), -1).mean(axis=1) > 4.0).sum())
+
+        row = {"frame_source": wrong(FrameSource(device=device, cache_mb=0).get_frames(
+            info, indices, info.width, info.height))}
+        for name in available_decoders(device):
+            job = DecodeJob(path=str(video), indices=tuple(indices), width=info.width,
+                            height=info.height, fps=info.fps, rotation=info.rotation,
+                            index=index)
+            try:
+                row[name] = wrong(make_decoder(name, device).decode(job).frames.cpu().numpy())
+            except Exception as err:                  # a raw decoder's failure, reported
+                row[name] = f"error: {str(err)[:120]}"
+        out[case] = {"checked_frames": len(indices), "wrong_frames": row}
+    return out
+
+
 def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
-                  baseline: bool = True, progress: bool = True, threads: int | None = None) -> dict:
+                  baseline: bool = True, progress: bool = True, threads: int | None = None,
+                  check_all_frames: bool = False) -> dict:
     import shutil
 
     from medclaw.errors import ConfigError
@@ -233,15 +308,18 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
     result = {"video": str(video), "device": device, "cases": {}}
     for case in cases:
         start, end = case_request(case, info)["range"]
-        full = case != "window"
-        runs: dict[str, list[dict]] = {side: [] for side in sides}
+        full = case not in ("window", "seek")
+        case_sides = tuple(side for side in sides if side == "ours" or case != "seek")
+        runs: dict[str, list[dict]] = {side: [] for side in case_sides}
         ffmpeg = []
         for _ in range(repeat):
-            for side in sides:
+            for side in case_sides:
                 if bar:
                     bar.set_postfix_str(f"{case}/{side}")
                 runs[side].append(_measure(side, str(video), case, device, check, threads))
                 bar and bar.update()
+            if case == "seek" and baseline:
+                bar and bar.update()                   # no baseline run for this case
             ffmpeg.append(_ffmpeg_seconds(str(video), start, end, full, threads))
             bar and bar.update()
         ours = runs["ours"][0]
@@ -256,7 +334,7 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
         }
         if "gpu_peak_mb" in ours:
             row["ours_gpu_peak_mb"] = max(r["gpu_peak_mb"] for r in runs["ours"])
-        if baseline:
+        if "baseline" in runs:
             base = runs["baseline"][0]
             base_s = median(r["seconds"] for r in runs["baseline"])
             row.update({
@@ -272,11 +350,15 @@ def run_benchmark(video: str, device: str = "cpu", cases=CASES, repeat: int = 1,
         result["cases"][case] = row
     if bar:
         bar.close()
+    if check_all_frames:
+        for case, checked in check_all(str(video), info, cases, device).items():
+            result["cases"][case].update(checked)
     result["method"] = {
         "repeat": repeat, "time": "median wall time of the work, imports excluded",
         "peak_mb": "ru_maxrss minus RSS after imports, fresh subprocess per measurement",
         "threads": threads,
-        "ffmpeg": f"ffmpeg -threads {threads} [-ss S -t 30 for window] -i VIDEO -f null -",
+        "ffmpeg": f"ffmpeg -threads {threads} [-ss S -t 30 for window] -i VIDEO -f null - "
+                  f"(seek: ffmpeg -ss T -i VIDEO -frames:v 1 -f null -)",
         "baseline": "qwen_vl_utils.fetch_video, FORCE_QWENVL_VIDEO_READER=torchcodec",
         "ours": f"probe_video + plan_frames + FrameSource(device, num_threads={threads}).get, "
                 "default cache",
@@ -291,7 +373,7 @@ def _handler(args) -> int:
 
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
     result = run_benchmark(args.video, args.device, cases, args.repeat, not args.no_baseline,
-                           threads=args.threads)
+                           threads=args.threads, check_all_frames=args.check_all)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -304,6 +386,10 @@ def _handler(args) -> int:
                  row["baseline_s"], row["speedup"], row["ffmpeg_all_s"], row["ratio_to_ffmpeg"],
                  row["ours_peak_mb"], row["baseline_peak_mb"], row["frame_accuracy"])
         print("  ".join(f"{'-' if c is None else c!s:>9}" for c in cells))
+    for case, row in result["cases"].items():
+        if "wrong_frames" in row:
+            counts = ", ".join(f"{k} {v}" for k, v in row["wrong_frames"].items())
+            print(f"wrong frames ({case}, {row['checked_frames']} checked): {counts}")
     return 0
 
 

@@ -128,17 +128,21 @@ def test_decode(path, index) -> None:
     index.meta = {**index.meta, "dropped_frames": int(n - keep.sum())}
 
 
-def reference_decode(path, index, width: int | None = None, height: int | None = None):
-    """(frames uint8 (N, H, W, 3), pts list): every frame of the stream, decoded sequentially
+def reference_decode(path, index, width: int | None = None, height: int | None = None,
+                     keep=None):
+    """(frames uint8 (N, H, W, 3), pts list): the frames of the stream, decoded sequentially
     with PyAV from the start, in output order — no seeking, nothing trusted but FFmpeg. Frames
-    are rotated to display orientation and resized (PIL-free bilinear via swscale) when a size
-    is given."""
+    are rotated to display orientation. With `keep` (sorted positions), only those frames are
+    kept (memory stays bounded on long videos). With a size, frames are resized by swscale."""
     import numpy as np
 
+    wanted = None if keep is None else set(int(k) for k in keep)
     container, stream = _open(path)
     frames, pts = [], []
     with container:
         for position, frame in enumerate(container.decode(stream)):
+            if wanted is not None and position not in wanted:
+                continue
             if width and height:
                 frame = frame.reformat(width=width, height=height, format="rgb24")
             frames.append(frame.to_ndarray(format="rgb24"))

@@ -35,6 +35,10 @@ def test_full_benchmark_on_synthetic_video(synth_video):
     result = run_benchmark(str(synth_video.path), "cpu", CASES, repeat=1, baseline=True,
                            progress=False)
     assert result["device"] == "cpu" and set(result["cases"]) == set(CASES)
+    seek = result["cases"].pop("seek")
+    assert seek["num_frames"] == 1 and seek["frame_accuracy"] == 1.0 and seek["baseline_s"] is None
+    assert seek["ours_s"] > 0 and seek["ffmpeg_all_s"] > 0
+    assert seek["ratio_to_ffmpeg"] == pytest.approx(seek["ours_s"] / seek["ffmpeg_all_s"], rel=0.02)
     for case, row in result["cases"].items():
         assert KEYS <= set(row), case
         assert row["frame_accuracy"] == 1.0 and row["baseline_frame_accuracy"] == 1.0
@@ -70,3 +74,24 @@ def test_unknown_case_is_a_config_error(synth_video):
         run_benchmark(str(synth_video.path), cases=("nope",), progress=False)
     with pytest.raises(ConfigError, match="--threads must be >= 1"):
         run_benchmark(str(synth_video.path), progress=False, threads=0)
+
+
+def test_check_all_counts_wrong_frames_per_decoder(tmp_path):
+    """--check-all on an MPEG-TS file: FrameSource returns 0 wrong frames; raw decoders are
+    counted (torchcodec 0.14 seeks to wrong frames there) or their error is reported."""
+    from medclaw.kernels.decoders import available_decoders
+    from medclaw.kernels.probe import probe_video
+    from medclaw.synth.formats import make_format, missing_encoder
+
+    if missing_encoder("ts"):
+        pytest.skip(missing_encoder("ts"))
+    video = make_format("ts", tmp_path)
+    info = probe_video(video)
+    checked = bench_decode.check_all(str(video), info, ("sparse", "seek"))
+    for case in ("sparse", "seek"):
+        row = checked[case]
+        assert row["checked_frames"] == (64 if case == "sparse" else 1)
+        assert row["wrong_frames"]["frame_source"] == 0
+        assert set(row["wrong_frames"]) == {"frame_source", *available_decoders("cpu")}
+    raw = checked["sparse"]["wrong_frames"]["torchcodec"]
+    assert isinstance(raw, str) or raw > 0          # the failure FrameSource protects us from
