@@ -31,6 +31,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", metavar="FILE.jsonl",
                         help='many questions: one JSON object per line {"video", "question", "id"?}')
     add_runtime_arguments(parser)
+    parser.add_argument("--decode-device", metavar="DEVICE",
+                        help="decode frames on cpu or cuda[:N] (NVDEC; default: the config's "
+                             "decode: device, else cpu)")
     parser.add_argument("--trace-dir", help="where episode traces go (default: artifacts/traces)")
     parser.add_argument("--max-steps", type=int, help="orchestrator steps before a forced answer")
     parser.add_argument("--concurrency", type=int, help="episodes in flight at once (batch)")
@@ -108,7 +111,7 @@ def _handle(args) -> int:
 
     runtime = open_runtime(profile=args.profile, config_path=args.config,
                            overrides=parse_overrides(args.model), kb_dir=args.kb,
-                           skills_dir=args.skills)
+                           skills_dir=args.skills, decode_device=args.decode_device)
     import asyncio
 
     if args.batch:

@@ -5,6 +5,10 @@ how the orchestrator samples, where traces go and how many episodes may run at o
 lowest priority first, from the dataclass defaults, the `episode:` section of a user YAML config
 file (the same file whose `models:` section `medclaw.models.registry` reads), then CLI flags.
 Unknown keys and out-of-range values raise `ConfigError` with a one-line message.
+
+`DecodeConfig` is the `decode:` section (where and how frames are decoded: `device: cpu | cuda[:N]`,
+`decoder`, `cache_mb`); `--decode-device` overrides its device. `check_available()` refuses a CUDA
+device on a host without one, in one line, before any engine starts.
 """
 from __future__ import annotations
 
@@ -115,6 +119,65 @@ def load_episode_config(config_path: str | Path | None = None, *, profile: str |
     profile = profile_name(profile, doc)
     merged = {**PROFILE_EPISODE_DEFAULTS.get(profile, {}), **section}
     return EpisodeConfig.from_dict(merged).replace(**overrides)
+
+
+@dataclass(slots=True)
+class DecodeConfig:
+    device: str = "cpu"                  # "cpu", or "cuda[:N]": NVDEC decoding + GPU resizing
+    decoder: str = "auto"                # a medclaw.kernels.decoders.DECODERS name, or auto
+    cache_mb: float = 1024               # decoded-frame cache (on the decode device)
+
+    def __post_init__(self) -> None:
+        from medclaw.kernels.decoders import DECODERS
+
+        if not (isinstance(self.device, str)
+                and (self.device == "cpu" or self.device == "cuda"
+                     or (self.device.startswith("cuda:") and self.device[5:].isdigit()))):
+            raise ConfigError(f"decode device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.decoder != "auto" and self.decoder not in DECODERS:
+            raise ConfigError(f"decode: unknown decoder {self.decoder!r}; choose auto or one of "
+                              f"{sorted(DECODERS)}")
+        if not _is_number(self.cache_mb) or self.cache_mb < 0:
+            raise ConfigError(f"decode: cache_mb must be a number >= 0, got {self.cache_mb!r}")
+
+    def frame_source_kwargs(self) -> dict:
+        return {"device": self.device, "decoder": self.decoder, "cache_mb": float(self.cache_mb)}
+
+    def check_available(self) -> None:
+        """ConfigError (one line) when the device is a GPU this host does not have, or no decoder
+        runs on it. Imports torch only for a CUDA device."""
+        if self.device == "cpu":
+            return
+        import importlib.util
+
+        count = 0
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(self.device.partition(":")[2] or 0)
+        if count == 0:
+            raise ConfigError(f"decode device {self.device!r}: this host has no CUDA GPU; decode on "
+                              "the CPU (--decode-device cpu, or decode: {device: cpu} in the config)")
+        if index >= count:
+            raise ConfigError(f"decode device {self.device!r}: this host has {count} CUDA GPU(s)")
+        from medclaw.kernels.decoders import resolve
+
+        resolve(self.decoder, self.device)       # ConfigError when no CUDA decoder is installed
+
+
+def load_decode_config(config_path: str | Path | None = None, *, device: str | None = None) -> DecodeConfig:
+    """The `decode:` section of `config_path` (if given) ← `device` (the --decode-device flag)."""
+    section = read_config_file(config_path).get("decode") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {config_path}: `decode:` must be a mapping")
+    unknown = sorted(set(section) - {f.name for f in fields(DecodeConfig)})
+    if unknown:
+        raise ConfigError(f"decode config: unknown key(s) {unknown}; known: "
+                          f"{sorted(f.name for f in fields(DecodeConfig))}")
+    if device is not None:
+        section = {**section, "device": device}
+    return DecodeConfig(**section)
 
 
 def _is_number(value) -> bool:

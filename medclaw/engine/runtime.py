@@ -363,12 +363,22 @@ def _skill_names(skills) -> list[str] | None:
 
 def open_runtime(*, profile: str | None = None, config_path: str | None = None,
                  overrides: dict[str, str] | None = None, kb_dir: str | None = None,
-                 skills_dir: str | None = None, frame_source_kwargs: dict | None = None) -> Runtime:
+                 skills_dir: str | None = None, frame_source_kwargs: dict | None = None,
+                 decode_device: str | None = None) -> Runtime:
     """Resolve models, load the KB and skills, check everything — and start no engine.
 
+    Frames are decoded as the config's `decode:` section says (`decode_device`, the
+    --decode-device flag, overrides its device; `frame_source_kwargs` override both); a CUDA
+    device on a host without one is refused here.
     Raises `MedClawError` subclasses (one line) for a bad profile / config / model folder / index.
     """
+    from medclaw.engine.config import load_decode_config
     from medclaw.models.registry import load_models
+
+    decode = load_decode_config(config_path,
+                                device=decode_device or (frame_source_kwargs or {}).get("device"))
+    decode.check_available()
+    frame_source_kwargs = {**decode.frame_source_kwargs(), **(frame_source_kwargs or {})}
 
     specs = load_models(config_path=config_path, profile=profile, overrides=dict(overrides or {}))
     knowledge_base = None

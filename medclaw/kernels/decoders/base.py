@@ -203,6 +203,30 @@ def is_dense(indices, gop: int) -> bool:
     return mean_gap <= max(gop / 2, 1)
 
 
+# Codecs the NVDEC engines of data-centre GPUs decode (A100, H100, L4/L40: H.264, HEVC, VP9, AV1).
+# Anything else on a CUDA decoder — MPEG-4 Part 2 for one, MPEG-2, VC-1 — is declined, so
+# FrameSource decodes it on the CPU safe path; the reason is logged once per (decoder, codec).
+NVDEC_CODECS = frozenset({"h264", "hevc", "av1", "vp9"})
+_NVDEC_LOGGED: set[tuple[str, str]] = set()
+_NVDEC_LOCK = threading.Lock()
+
+
+def nvdec_refusal(decoder_name: str, device: str, codec: str) -> str | None:
+    """Why a CUDA decoder declines `codec` (None on CPU or for an NVDEC codec); logs it once."""
+    if not str(device).startswith("cuda") or codec in NVDEC_CODECS:
+        return None
+    why = (f"NVDEC does not decode {codec} (it decodes {', '.join(sorted(NVDEC_CODECS))}); "
+           "decoding on the CPU instead")
+    with _NVDEC_LOCK:
+        first = (decoder_name, codec) not in _NVDEC_LOGGED
+        _NVDEC_LOGGED.add((decoder_name, codec))
+    if first:
+        import logging
+
+        logging.getLogger("medclaw.kernels.decoders").warning("%s: %s", decoder_name, why)
+    return why
+
+
 class Decoder:
     """Base class. Subclasses set `name` and implement `decode`.
 

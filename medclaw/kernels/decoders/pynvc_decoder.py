@@ -8,14 +8,16 @@ frame cannot be verified and `FrameSource` decodes it on a verified path instead
 """
 from __future__ import annotations
 
-from medclaw.kernels.decoders.base import Decoder, DecodeJob, DecodeResult
+from medclaw.kernels.decoders.base import Decoder, DecodeJob, DecodeResult, nvdec_refusal
 
 
 class PyNvDecoder(Decoder):
     name = "pynvc"
 
     def supports(self, index) -> str | None:
-        return None if index.has_pts else "PyNvVideoCodec cannot number frames without timestamps"
+        if not index.has_pts:
+            return "PyNvVideoCodec cannot number frames without timestamps"
+        return nvdec_refusal(self.name, self.device, index.codec)
 
     def decode(self, job: DecodeJob) -> DecodeResult:
         import PyNvVideoCodec as nvc

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from medclaw.kernels.decoders.base import (
     DECODER_RESIZE_MAX_FRACTION, DEFAULT_GOP, Decoder, DecodeJob, DecodeResult, is_dense,
-    run_segments, split_at_keyframes,
+    nvdec_refusal, run_segments, split_at_keyframes,
 )
 
 # Containers on which torchcodec's seeking returns wrong frames (seen, not assumed: the identity
@@ -38,7 +38,7 @@ class TorchcodecDecoder(Decoder):
     def supports(self, index) -> str | None:
         if not index.has_pts:
             return "torchcodec cannot open a stream without timestamps"
-        return _BAD_CONTAINERS.get(index.container)
+        return _BAD_CONTAINERS.get(index.container) or nvdec_refusal(self.name, self.device, index.codec)
 
     def _open(self, job: DecodeJob, num_threads: int, transforms=None):
         from torchcodec.decoders import VideoDecoder
