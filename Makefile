@@ -35,6 +35,13 @@ system-deps:
 	  echo "installing FFmpeg (system package)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq ffmpeg >/dev/null; }
+	@# Debian's chromium: the browser the audit viewer's tests drive through Playwright (Playwright's
+	@# own browser download reaches outside the package registries). Without it those tests skip.
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Chromium (system package, for the viewer's browser tests)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "chromium could not be installed: the browser tests will skip"; }
 
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
