@@ -16,6 +16,11 @@ caller; `connect_ex` returns EACCES instead, per its contract), prints one line 
 appended to the log named by `$MEDCLAW_AIRGAP_LOG`. The log matters because callers may swallow
 the error: vLLM's IP discovery catches every exception and carries on.
 
+Beyond loopback. A deployment whose models run on `vllm serve` hosts of the hospital network names
+them in its config file (`endpoints:`); `medclaw doctor --airgap --config FILE -- COMMAND` passes
+exactly those `host:port` pairs in `$MEDCLAW_AIRGAP_ALLOW` (a name there may be resolved, and its
+addresses are then allowed on the same ports). Nothing else is ever added.
+
 How it reaches child processes. `guarded_env` puts `airgap_site/` first on PYTHONPATH and sets
 `MEDCLAW_AIRGAP=1`; Python imports `sitecustomize` from there at start-up, before any user code,
 and it installs the guard (then runs any other `sitecustomize` it shadows). So vLLM's engine
@@ -44,6 +49,7 @@ import traceback
 
 ENV_SWITCH = "MEDCLAW_AIRGAP"            # "1": every Python process installs the guard at start-up
 ENV_LOG = "MEDCLAW_AIRGAP_LOG"           # JSON Lines file: install + violation records
+ENV_ALLOW = "MEDCLAW_AIRGAP_ALLOW"       # host:port list beyond loopback (a config's remote endpoints)
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "airgap_site")
 LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 LOCAL_FAMILIES = {socket.AF_UNIX} | ({socket.AF_NETLINK} if hasattr(socket, "AF_NETLINK") else set())
@@ -89,6 +95,31 @@ def is_local_address(family, address) -> bool:
     if family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple) and address:
         return is_local_host(address[0])
     return False                         # raw packets, Bluetooth, CAN, …
+
+
+def parse_allow(text: str) -> set[tuple[str, int]]:
+    """`host:port,[v6]:port,…` (the `$MEDCLAW_AIRGAP_ALLOW` format) → {(host, port)}."""
+    out = set()
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise ValueError(f"{ENV_ALLOW}: expected host:port, got {item!r}")
+        out.add((host.strip("[]").lower(), int(port)))
+    return out
+
+
+def _permitted(family, address) -> bool:
+    """Loopback, or a host:port named in `$MEDCLAW_AIRGAP_ALLOW` (or an address it resolved to)."""
+    if is_local_address(family, address):
+        return True
+    if family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple) and len(address) >= 2:
+        target = (str(address[0]).lower(), address[1])
+        return target in _ALLOW or target in _RESOLVED
+    return False
+
+
+_ALLOW: set[tuple[str, int]] = set()        # from $MEDCLAW_AIRGAP_ALLOW at install
+_RESOLVED: set[tuple[str, int]] = set()     # addresses the allowed names resolved to
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +171,8 @@ def _refuse(call: str, family, kind, address) -> AirGapViolation:
     target = _format_address(address)
     _write({"event": "violation", "call": call, "family": fam, "proto": proto, "address": target,
             "where": where, **_process()})
-    message = (f"medclaw air gap: {call} to {target} ({proto}) refused: only loopback is allowed "
+    action = f"lookup of {target}" if proto == "lookup" else f"{call} to {target} ({proto})"
+    message = (f"medclaw air gap: {action} refused: only loopback is allowed "
                f"[pid {os.getpid()}, {where}]")
     try:
         print(message, file=sys.stderr, flush=True)
@@ -158,7 +190,7 @@ def _guard(method, call: str):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         address = _address_arg(call, args)
-        if address is not None and not is_local_address(self.family, address):
+        if address is not None and not _permitted(self.family, address):
             error = _refuse(call, self.family, self.type, address)
             if call == "connect_ex":
                 return error.errno
@@ -182,12 +214,28 @@ def _address_arg(call: str, args: tuple):
 def _guard_lookup(function, call: str):
     @functools.wraps(function)
     def wrapper(host, *args, **kwargs):
-        if not is_local_host(host):
+        name = (host.decode() if isinstance(host, bytes) else str(host or "")).lower()
+        ports = {port for allowed, port in _ALLOW if allowed == name}
+        # a numeric address resolves without a query; connecting to it is what gets checked
+        if not (ports or is_local_host(host) or _is_numeric(host)):
             raise _refuse(call, "name", "lookup", str(host))
-        return function(host, *args, **kwargs)
+        result = function(host, *args, **kwargs)
+        if ports:                        # an allowed name: its addresses are allowed, same ports
+            found = [result] if isinstance(result, str) else (
+                [entry[4][0] for entry in result] if call == "getaddrinfo" else result[2])
+            _RESOLVED.update((str(ip).lower(), port) for ip in found for port in ports)
+        return result
 
     setattr(wrapper, _MARK, True)
     return wrapper
+
+
+def _is_numeric(host) -> bool:
+    try:
+        ipaddress.ip_address(str(host.decode() if isinstance(host, bytes) else host).split("%", 1)[0])
+        return True
+    except ValueError:
+        return False
 
 
 _SOCKET_METHODS = ("connect", "connect_ex", "sendto", "sendmsg")
@@ -202,6 +250,7 @@ def install() -> bool:
     """Guard this process. Returns False if it already was (by this or another copy of us)."""
     if installed():
         return False
+    _ALLOW.update(parse_allow(os.environ.get(ENV_ALLOW, "")))
     for name in _SOCKET_METHODS:
         if hasattr(socket.socket, name):
             setattr(socket.socket, name, _guard(getattr(socket.socket, name), name))
@@ -213,6 +262,8 @@ def install() -> bool:
 
 def uninstall() -> None:
     """Restore the original socket functions (tests; a guarded command never uninstalls)."""
+    _ALLOW.clear()
+    _RESOLVED.clear()
     for owner, names in ((socket.socket, _SOCKET_METHODS), (socket, _LOOKUPS)):
         for name in names:
             current = getattr(owner, name, None)
@@ -223,21 +274,23 @@ def uninstall() -> None:
 # ---------------------------------------------------------------------------------------------
 # child processes and the log
 
-def guarded_env(log_path: str | os.PathLike, env: dict | None = None) -> dict:
+def guarded_env(log_path: str | os.PathLike, env: dict | None = None, allow: list[str] = ()) -> dict:
     """A copy of `env` (default: this process's) in which every Python process installs the
-    guard at start-up and logs to `log_path`."""
+    guard at start-up, logs to `log_path` and also accepts the `allow` host:port entries."""
     out = dict(os.environ if env is None else env)
     rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
-    out.update({ENV_SWITCH: "1", ENV_LOG: str(log_path),
+    parse_allow(",".join(allow))                       # fail here on a malformed entry
+    out.update({ENV_SWITCH: "1", ENV_LOG: str(log_path), ENV_ALLOW: ",".join(allow),
                 "PYTHONPATH": os.pathsep.join([SITE_DIR, *rest])})
     return out
 
 
-def enable(log_path: str | os.PathLike) -> None:
+def enable(log_path: str | os.PathLike, allow: list[str] = ()) -> None:
     """Guard this process and every process it starts from now on (changes `os.environ`)."""
-    env = guarded_env(log_path)
-    for key in (ENV_SWITCH, ENV_LOG, "PYTHONPATH"):
+    env = guarded_env(log_path, allow=allow)
+    for key in (ENV_SWITCH, ENV_LOG, ENV_ALLOW, "PYTHONPATH"):
         os.environ[key] = env[key]
+    _ALLOW.update(parse_allow(env[ENV_ALLOW]))
     install()
 
 

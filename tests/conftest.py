@@ -21,6 +21,14 @@ import pytest
 os.environ["MEDCLAW_HOME"] = tempfile.mkdtemp(prefix="medclaw-test-home-")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+# Every test runs behind the air-gap guard (medclaw/airgap.py): this process and every Python
+# process it starts (vLLM engine processes, CLI subprocesses) refuse non-loopback connections and
+# log them here; `_air_gap_holds` fails the test during which one was logged.
+from medclaw import airgap  # noqa: E402
+
+AIRGAP_LOG = Path(os.environ["MEDCLAW_HOME"]) / "airgap.jsonl"
+airgap.enable(AIRGAP_LOG)
+
 
 def _has_cuda() -> bool:
     if importlib.util.find_spec("torch") is None:
@@ -37,6 +45,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+class AirGapLog:
+    """The guard's records written since a test began (see `airgap_log`)."""
+
+    def __init__(self, path: Path):
+        self.path, self.start = path, (path.stat().st_size if path.exists() else 0)
+
+    def records(self) -> list[dict]:
+        return airgap.read_log(self.path)[self._index():]
+
+    def violations(self) -> list[dict]:
+        return [r for r in self.records() if r.get("event") != "install"]
+
+    def _index(self) -> int:
+        if not self.path.exists():
+            return 0
+        with open(self.path, "rb") as fh:
+            return fh.read(self.start).count(b"\n")
+
+
+@pytest.fixture
+def airgap_log() -> AirGapLog:
+    """The air-gap records (install / violation) logged during this test, by any process."""
+    return AirGapLog(AIRGAP_LOG)
+
+
+@pytest.fixture(autouse=True)
+def _air_gap_holds():
+    log = AirGapLog(AIRGAP_LOG)
+    yield
+    refused = log.violations()
+    if refused:
+        pytest.fail("air gap: non-loopback connection(s) during this test: "
+                    + "; ".join(airgap.describe(r) for r in refused), pytrace=False)
 
 
 @pytest.fixture(scope="session")

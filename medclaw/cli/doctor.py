@@ -17,7 +17,8 @@ Exit status 1 when a required check fails (status FAIL), else 0; `warn` lines ne
 
 With `--airgap`: runs COMMAND with the socket guard of `medclaw.airgap` in every Python process
 it starts (engine processes included) and the offline settings in its environment, then lists
-what was refused. Exit status: COMMAND's when it failed, else 1 if anything was refused, else 0.
+what was refused. Only loopback is allowed, plus, with `--config FILE`, the host:port of each
+remote endpoint that file names (the hospital's `vllm serve` hosts). Exit status: COMMAND's when it failed, else 1 if anything was refused, else 0.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.airgap:
         if not command:
             raise ConfigError("doctor --airgap needs a command: medclaw doctor --airgap -- COMMAND …")
-        return run_airgapped(command, args.log, as_json=args.json)
+        return run_airgapped(command, args.log, as_json=args.json, allow=_configured_endpoints(args))
     if command:
         raise ConfigError(f"unexpected arguments {' '.join(command)!r} (a command runs only with --airgap)")
     checks = [check for section in SECTIONS.values() for check in section(args)]
@@ -97,7 +98,22 @@ def run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 # --airgap
 
-def run_airgapped(command: list[str], log_path: str | None = None, as_json: bool = False) -> int:
+def _configured_endpoints(args) -> list[str]:
+    """host:port of every remote endpoint the config names (none without --config)."""
+    if not args.config:
+        return []
+    from medclaw.models.engine_args import endpoint_hosts
+    from medclaw.models.registry import load_models, parse_overrides
+
+    specs = load_models(args.config, profile=args.profile, overrides=parse_overrides(args.model))
+    hosts = [host for spec in specs.values() if spec.backend == "remote"
+             for host in endpoint_hosts(spec.endpoints)]
+    return sorted(set(hosts))
+
+
+def run_airgapped(command: list[str], log_path: str | None = None, as_json: bool = False,
+                  allow: list[str] = ()) -> int:
+    """Run `command` guarded (loopback + `allow`, host:port each); see the module docstring."""
     import tempfile
 
     from medclaw import OFFLINE_ENV, airgap
@@ -109,8 +125,8 @@ def run_airgapped(command: list[str], log_path: str | None = None, as_json: bool
         os.close(fd)
     else:
         open(log_path, "w").close()            # this run's records only
-    env = {**airgap.guarded_env(log_path), **OFFLINE_ENV}
-    airgap.enable(log_path)                    # this process too
+    env = {**airgap.guarded_env(log_path, allow=list(allow)), **OFFLINE_ENV}
+    airgap.enable(log_path, allow=list(allow))     # this process too
     try:
         returncode = subprocess.run(command, env=env).returncode
     except FileNotFoundError:
@@ -119,10 +135,12 @@ def run_airgapped(command: list[str], log_path: str | None = None, as_json: bool
     guarded = sorted({r.get("pid") for r in records if r.get("event") == "install"} - {os.getpid()})
     refused = [r for r in records if r.get("event") != "install"]
     if as_json:
-        print(json.dumps({"returncode": returncode, "guarded_processes": len(guarded),
+        print(json.dumps({"returncode": returncode, "guarded_processes": len(guarded), "allowed": list(allow),
                           "violations": refused, "log": log_path if keep_log or refused else None}))
     summary = (f"medclaw air gap: {len(guarded)} Python process(es) guarded, "
                f"{len(refused)} connection(s) refused")
+    if allow:
+        summary += f"; allowed beyond loopback (config endpoints): {', '.join(allow)}"
     print(summary + (f" (log: {log_path})" if keep_log or refused else ""), file=sys.stderr)
     for record in refused:
         print(f"  refused: {airgap.describe(record)}", file=sys.stderr)
