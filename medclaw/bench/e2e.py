@@ -87,14 +87,16 @@ def summarise(results, wall_s: float, frames_before: dict, frames_after: dict) -
 
 
 async def run_passes(runtime, config, video_a: str, video_b: str, questions_a: list[str],
-                     questions_b: list[str], concurrency: int, on_result=None) -> dict:
-    """Start the engines, run the two passes, return {"engine_start_s", "passes", "ratios"}."""
+                     questions_b: list[str], concurrency: int, on_result=None,
+                     on_engine=None) -> dict:
+    """Start the engines (`on_engine` gets one `EngineReady` per engine), run the two passes,
+    return {"engine_start_s", "passes", "ratios"}."""
     from dataclasses import replace
 
     from medclaw.engine.episode import BatchItem, run_batch
 
     started = time.perf_counter()
-    await runtime.start()
+    await runtime.start(on_engine=on_engine)
     out: dict = {"engine_start_s": round(time.perf_counter() - started, 3), "passes": {}}
     plan = {"sequential": (video_a, questions_a, 1),
             "concurrent": (video_b, questions_b, concurrency)}
@@ -172,7 +174,8 @@ def _handler(args) -> int:
         try:
             with console.status("starting engines, then 2 passes…"):
                 return await run_passes(runtime, config, str(video_a), str(video_b), questions_a,
-                                        questions_b, args.concurrency, on_result)
+                                        questions_b, args.concurrency, on_result,
+                                        on_engine=lambda ready: console.log(ready.line()))
         finally:
             await runtime.close()
 

@@ -169,6 +169,21 @@ def bench_tool_specs() -> list[dict]:
     return default_registry().specs()
 
 
+def _started(backend_class, spec, role: str):
+    """Start one engine before any measurement; one line on stderr when it is up."""
+    import time
+
+    from tqdm import tqdm
+
+    from medclaw.engine.runtime import EngineReady
+
+    started = time.perf_counter()
+    backend = backend_class(spec)
+    tqdm.write(EngineReady(spec.name, spec.backend, [role], time.perf_counter() - started).line(),
+               file=sys.stderr)
+    return backend
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -188,10 +203,10 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(name)
 
         step(f"start VLM {vlm_spec.name}")
-        vlm = VLLMBackend(vlm_spec)
+        vlm = _started(VLLMBackend, vlm_spec, "video_expert")
         try:
             step(f"start LLM {llm_spec.name}")
-            llm = VLLMBackend(llm_spec)
+            llm = _started(VLLMBackend, llm_spec, "orchestrator")
             try:
                 report["block_size"] = llm.block_size
                 report.update(asyncio.run(measure(vlm, llm, bench_tool_specs(), step)))

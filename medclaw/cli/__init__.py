@@ -4,8 +4,11 @@ Each subcommand lives with the code it drives and is listed in `COMMANDS` as a l
 `"module:register"` string. A command module's top level must stay light (argparse only): heavy
 imports (torch, vLLM, decoders) happen inside its handler, so `medclaw --help` answers at once.
 
-A handler returns an exit status (or None for 0). `MedClawError` — bad input, not a bug — is
-printed as one line on stderr with exit status 2; anything else keeps its traceback.
+A handler returns an exit status (or None for 0). A `MedClawError` is printed as one line on
+stderr and exits with its `exit_code` (`EXIT_STATUS` below, shown by `medclaw --help`): 2 for
+input refused before any engine ran, 3 for a failure at run time. An error that carries
+`medclaw_trace` (an episode had begun) also prints the trace path. Anything else is a bug and
+keeps its traceback (exit status 1).
 """
 from __future__ import annotations
 
@@ -15,6 +18,14 @@ import sys
 
 import medclaw
 from medclaw.errors import MedClawError
+
+EXIT_STATUS = """exit status:
+  0    answered, or a forced answer when a budget ran out
+  1    a bug in MedClaw: traceback on stderr (the episode's trace is saved as failed)
+  2    input refused before any engine ran: one line on stderr
+  3    failure at run time (an engine or server lost, decoding failed, no usable answer):
+       one line and the trace path on stderr
+  130  interrupted"""
 
 # name → (module:function that adds the subparser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="medclaw",
         description="MedClaw: answer questions about long surgical videos with local models only. "
                     "Nothing leaves this machine.",
+        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"medclaw {medclaw.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -63,10 +75,20 @@ def main(argv: list[str] | None = None) -> int:
         return int(handler(args) or 0)
     except MedClawError as err:
         print(f"medclaw: error: {err}", file=sys.stderr)
+        _print_trace(err)
         return err.exit_code
     except KeyboardInterrupt:
         print("medclaw: interrupted", file=sys.stderr)
         return 130
+    except BaseException as err:         # a bug: the traceback follows, the trace is saved
+        _print_trace(err)
+        raise
+
+
+def _print_trace(err: BaseException) -> None:
+    path = (getattr(err, "medclaw_trace", None) or (None,))[0]
+    if path:
+        print(f"medclaw: trace: {path}   (medclaw trace show {path})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,25 +4,34 @@
                 [--skills DIR] [--trace-dir D] [--max-steps N] [--json]
     medclaw ask --batch FILE.jsonl [same options] [--concurrency N]
 
-Every input is checked before any engine starts: the batch file, each video (probed: a missing,
-corrupt or stream-less file fails in seconds with a one-line error), the config, the model
-folders and the KB index. Then the engines start (lazily, on first use) and the episode runs with
-a progress line on stderr (step n/N, tool, latency). Output on stdout:
+Three phases, in this order:
+1. every input is checked: the batch file, each video (probed: a missing, corrupt or stream-less
+   file fails in seconds with a one-line error), the config, the model folders and the KB index;
+2. every role's engine starts (and the KB's encoder), one line per engine on stderr — the
+   episode budgets do not count this;
+3. the episodes run, with a progress line per step on stderr ("step n/N tool latency"; n never
+   passes N: the forced answer, when needed, is step N).
 
-- single: the answer, status and trace path; with `--json` one object
-  `{"answer", "status", "steps", "trace"}`;
+Output on stdout:
+- single: the answer, status and trace path; with `--json` exactly one object
+  `{"answer", "status", "steps", "trace", "error"}` — always, also when the run fails (status
+  `failed: …`, the trace path when an episode had begun) or the input is refused (status
+  `refused`, trace null);
 - batch: one JSON line per item as it finishes, `{"id", "video", "question", "answer", "status",
-  "steps", "trace"}`. Items run concurrently on the shared engines; a failing item (bad video, a
-  crash) is reported as `failed: …` and the others go on.
+  "steps", "trace", "error"}`. Items run concurrently on the shared engines; a failing item (bad
+  video, a crash, a lost engine) is reported as `failed: …` and the others go on.
 
-Exit status: 0 when every episode ended with an answer (answered or forced), 1 when any failed,
-2 for bad input before anything ran.
+Exit status (see `medclaw --help`): 0 answered, or a forced answer; 2 input refused before any
+engine ran (for a batch: some items refused, none failed at run time); 3 a failure at run time —
+an engine or server lost, decoding failed, no usable answer — with the trace path on stderr;
+1 a bug in MedClaw (traceback on stderr, the trace saved as failed).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +46,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", help="where episode traces go (default: artifacts/traces)")
     parser.add_argument("--max-steps", type=int, help="orchestrator steps before a forced answer")
     parser.add_argument("--concurrency", type=int, help="episodes in flight at once (batch)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print exactly one JSON result, failures included")
+    from medclaw.cli import EXIT_STATUS
+
+    parser.epilog, parser.formatter_class = EXIT_STATUS, argparse.RawDescriptionHelpFormatter
     parser.set_defaults(handler=_handle)
 
 
@@ -76,10 +89,39 @@ def read_batch(path: str) -> list:
     return items
 
 
+@dataclass(slots=True)
+class _Work:
+    """What phase 1 checked: the items, each video's probe (or why it was refused), the runtime
+    (resolved, no engine started) and the episode config."""
+
+    items: list
+    infos: dict
+    refused: dict                   # video path -> one-line reason (batch only)
+    runtime: object
+    config: object
+
+
 def _handle(args) -> int:
+    import asyncio
+
+    from medclaw.errors import MedClawError
+
+    try:
+        work = _check_inputs(args)
+    except MedClawError as err:
+        if args.json and not args.batch:
+            _print_json(_refused(err))
+        raise
+    if args.batch:
+        return asyncio.run(_run_batch(work))
+    return asyncio.run(_run_single(work, args.json))
+
+
+def _check_inputs(args) -> _Work:
+    """Phase 1: every input checked, nothing started. Raises MedClawError (exit 2)."""
     from medclaw.engine.config import load_episode_config
     from medclaw.engine.episode import BatchItem
-    from medclaw.errors import ConfigError
+    from medclaw.errors import ConfigError, MedClawError
 
     if args.batch:
         if args.video or args.question:
@@ -91,87 +133,133 @@ def _handle(args) -> int:
         items = [BatchItem(video=args.video, question=args.question, id="")]
     config = load_episode_config(args.config, profile=args.profile, trace_dir=args.trace_dir,
                                  max_steps=args.max_steps, concurrency=args.concurrency)
-
-    # 1. videos — before anything heavy. A single bad video is a user error (exit 2); in a batch
-    #    it fails only its own items.
+    # videos — before anything heavy. A single bad video is refused (exit 2); in a batch it
+    # fails only its own items.
     from medclaw.kernels.probe import probe_video
-    from medclaw.errors import MedClawError
 
-    infos, bad = {}, {}
+    infos, refused = {}, {}
     for video in dict.fromkeys(item.video for item in items):
         try:
             infos[video] = probe_video(video)
         except MedClawError as err:
             if not args.batch:
                 raise
-            bad[video] = str(err)
-    # 2. models, KB, skills — resolved and checked; no engine starts here.
+            refused[video] = str(err)
+    # models, KB, skills — resolved and checked; no engine starts here.
     from medclaw.engine.runtime import open_runtime
     from medclaw.models.registry import parse_overrides
 
     runtime = open_runtime(profile=args.profile, config_path=args.config,
                            overrides=parse_overrides(args.model), kb_dir=args.kb,
                            skills_dir=args.skills, decode_device=args.decode_device)
-    import asyncio
-
-    if args.batch:
-        return asyncio.run(_run_batch(items, infos, bad, runtime, config))
-    return asyncio.run(_run_single(items[0], infos[items[0].video], runtime, config, args.json))
+    return _Work(items, infos, refused, runtime, config)
 
 
-async def _run_single(item, info, runtime, config, as_json: bool) -> int:
-    from rich.console import Console
+async def start_engines(runtime, console) -> None:
+    """Phase 2: every role's engine (and the KB encoder), one line per engine on stderr."""
+    with console.status("starting engines…"):
+        await runtime.start(on_engine=lambda ready: console.log(ready.line()))
 
-    from medclaw.engine.episode import run_episode
 
-    console = Console(stderr=True)
-    with console.status("starting engines…") as status:
-        def on_step(step, budget):
-            call = step.orchestrator_call
-            latency = (call.latency_s if call else 0.0) + step.tool_latency_s
-            tool = step.tool or "(unparseable output)"
-            mark = " ✗" if step.error else ""
-            console.log(f"step {step.index}/{config.max_steps} {tool}{mark} {latency:.1f}s")
-            status.update(f"step {step.index + 1}/{config.max_steps}: thinking…")
+def _failure(err: BaseException, started: bool) -> BaseException:
+    """What the command raises for `err`: a refusal before any engine ran keeps its exit status
+    2; later, anything but a bug becomes a run-time failure (exit 3)."""
+    from medclaw.errors import MedClawError, as_run_failure
 
-        try:
-            result = await run_episode(item.question, item.video, runtime, config,
-                                       video_info=info, on_step=on_step)
-        finally:
-            await runtime.close()
+    if not started and isinstance(err, MedClawError) and err.exit_code == 2:
+        return err
+    return as_run_failure(err)
+
+
+def _refused(err) -> dict:
+    return {"answer": None, "status": "refused", "steps": 0, "trace": None, "error": str(err)}
+
+
+def _print_json(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+async def _run_single(work: _Work, as_json: bool) -> int:
+    from medclaw.engine.episode import EpisodeResult, run_episode
+    from medclaw.errors import RunFailedError
+
+    console = _stderr_console()
+    config, item = work.config, work.items[0]
+    started, failure = False, None
+    try:
+        await start_engines(work.runtime, console)
+        started = True
+        with console.status("step 1: thinking…") as status:
+            def on_step(step, budget):
+                call = step.orchestrator_call
+                latency = (call.latency_s if call else 0.0) + step.tool_latency_s
+                tool = "answer (forced)" if step.kind == "forced_answer" else \
+                    (step.tool or "(unparseable output)")
+                mark = " ✗" if step.error else ""
+                console.log(f"step {step.index}/{config.max_steps} {tool}{mark} {latency:.1f}s")
+                if step.index < config.max_steps:
+                    status.update(f"step {step.index + 1}/{config.max_steps}: thinking…")
+
+            result = await run_episode(item.question, item.video, work.runtime, config,
+                                       video_info=work.infos[item.video], on_step=on_step)
+    except Exception as err:             # reported below as the one result, then raised
+        failure = _failure(err, started)
+        result = EpisodeResult.from_exception(err)
+    finally:
+        await work.runtime.close()
+    refused = failure is not None and getattr(failure, "exit_code", None) == 2
     if as_json:
-        print(json.dumps(result.to_dict()))
+        _print_json(_refused(failure) if refused else result.to_dict())
     else:
         print(f"Answer: {result.answer}")
         print(f"Status: {result.status}  ({result.steps} steps)")
-        print(f"Trace:  {result.trace_path}   (medclaw trace show {result.trace_path})")
-    return 1 if result.status.startswith("failed") else 0
+        if result.trace_path:
+            print(f"Trace:  {result.trace_path}   (medclaw trace show {result.trace_path})")
+    if failure is not None:
+        raise failure
+    if result.status.startswith("failed"):
+        error = RunFailedError(result.error or result.status)
+        error.medclaw_trace = (result.trace_path, result.steps)
+        raise error
+    return 0
 
 
-async def _run_batch(items, infos, bad, runtime, config) -> int:
+async def _run_batch(work: _Work) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from medclaw.engine.episode import run_batch
+    from medclaw.engine.episode import EpisodeResult, run_batch
 
-    failed = 0
+    counts = {"failed": 0, "refused": 0}
 
     def emit(item, result) -> None:
-        nonlocal failed
-        failed += result.status.startswith("failed")
+        counts["failed"] += result.status.startswith("failed")
         row = {"id": item.id, "video": item.video, "question": item.question, **result.to_dict()}
-        print(json.dumps(row), flush=True)
+        _print_json(row)
 
-    for item in items:                                 # bad videos: reported up front
-        if item.video in bad:
-            from medclaw.engine.episode import EpisodeResult
-
-            emit(item, EpisodeResult(answer=None, status=f"failed: {bad[item.video]}", steps=0,
-                                     trace_path=None, episode_id=item.id))
-    runnable = [item for item in items if item.video not in bad]
+    for item in work.items:                                 # refused videos: reported up front
+        if item.video in work.refused:
+            counts["refused"] += 1
+            reason = work.refused[item.video]
+            print(json.dumps({"id": item.id, "video": item.video, "question": item.question,
+                              **EpisodeResult(answer=None, status=f"failed: {reason}", steps=0,
+                                              trace_path=None, episode_id=item.id,
+                                              error=reason).to_dict()}), flush=True)
+    runnable = [item for item in work.items if item.video not in work.refused]
+    if not runnable:                       # every input refused: no engine needs to run
+        await work.runtime.close()
+        return 2
+    console = _stderr_console()
+    try:
+        await start_engines(work.runtime, console)
+    except Exception as err:               # every item gets its line, then the command fails
+        for item in runnable:
+            emit(item, EpisodeResult.from_exception(err, item.id))
+        await work.runtime.close()
+        raise _failure(err, started=False)
     columns = (TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[last]}"))
-    with Progress(*columns, transient=False, console=_stderr_console()) as progress:
-        task = progress.add_task("batch", total=len(runnable), last="starting engines…")
+    with Progress(*columns, transient=False, console=console) as progress:
+        task = progress.add_task("batch", total=len(runnable), last="")
 
         def on_result(item, result) -> None:
             emit(item, result)
@@ -181,17 +269,19 @@ async def _run_batch(items, infos, bad, runtime, config) -> int:
             progress.update(task, last=f"step {step.index} {step.tool or '?'}")
 
         try:
-            await run_batch(runnable, runtime, config, video_infos=infos, on_result=on_result,
-                            on_step=on_step)
+            await run_batch(runnable, work.runtime, work.config, video_infos=work.infos,
+                            on_result=on_result, on_step=on_step)
         finally:
-            await runtime.close()
-    return 1 if failed else 0
+            await work.runtime.close()
+    if counts["failed"]:
+        return 3
+    return 2 if counts["refused"] else 0
 
 
 def _stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, log_path=False)
 
 
 if __name__ == "__main__":                             # vLLM spawns processes: keep a main guard

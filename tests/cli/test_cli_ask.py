@@ -9,6 +9,7 @@ import pytest
 from medclaw import cli
 from medclaw.engine.backends.fake import ScriptedBackend
 from medclaw.engine.trace import Trace
+from medclaw.errors import EngineLostError
 
 QUESTION = "Which instrument was brought in just before the vessel was cut?"
 FINAL = json.dumps({"thought": "", "tool": "final_answer", "args": {"text": "a grasper", "evidence_times": [1.0]}})
@@ -112,8 +113,9 @@ def test_single_json_output(medclaw, monkeypatch, tmp_path, synth_video, capsys)
                   "--model", "judge=/models/j"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"answer", "status", "steps", "trace"}
+    assert set(out) == {"answer", "status", "steps", "trace", "error"}
     assert out["answer"] == "a grasper" and out["status"] == "answered" and out["steps"] == 3
+    assert out["error"] is None
     trace = Trace.load(out["trace"])
     assert trace.header["config"]["max_steps"] == 4
     assert seen["profile"] == "tiny-cpu" and seen["overrides"] == {"judge": "/models/j"}
@@ -130,13 +132,125 @@ def test_batch_prints_one_line_per_item_and_isolates_bad_videos(medclaw, monkeyp
     batch.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     rc = medclaw(["ask", "--batch", str(batch), "--trace-dir", str(tmp_path / "traces"),
                   "--config", str(tmp_path / "medclaw.yaml")])
-    assert rc == 1                                       # one item failed
+    assert rc == 2                                       # one item refused, none failed later
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by_id = {line["id"]: line for line in lines}
     assert set(by_id) == {"a", "b", "line3"}
     assert by_id["b"]["status"].startswith("failed:") and "gone.mp4" in by_id["b"]["status"]
     assert by_id["a"]["status"] == by_id["line3"]["status"] == "answered"
     assert by_id["line3"]["question"] == "What phase is at 30 s?"
+
+
+# --- exit statuses, one JSON result, engines before the clock (scripted models) ----------------------
+
+def test_help_documents_the_exit_statuses(medclaw, capsys):
+    for argv in (["--help"], ["ask", "--help"]):
+        with pytest.raises(SystemExit):
+            medclaw(argv)
+        text = capsys.readouterr().out
+        assert "exit status:" in text
+        for line in ("0    answered", "2    input refused before any engine ran",
+                     "3    failure at run time"):
+            assert line in text
+
+
+def test_refused_input_still_prints_one_json_result(medclaw, no_engines, tmp_path, capsys):
+    assert medclaw(["ask", str(tmp_path / "nope.mp4"), QUESTION, "--json"]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.out.splitlines()
+    out = json.loads(line)
+    assert out["status"] == "refused" and "nope.mp4" in out["error"] and out["trace"] is None
+    assert captured.err.startswith("medclaw: error:")
+
+
+@pytest.fixture(scope="module")
+def hd_video(tmp_path_factory):
+    """4 s of ffmpeg's test pattern at 1920x1080: a real 1080p H.264 file, made in a second."""
+    import subprocess
+
+    path = tmp_path_factory.mktemp("hd") / "hd.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    "testsrc=size=1920x1080:rate=5", "-t", "4", "-c:v", "libx264", "-preset",
+                    "ultrafast", "-pix_fmt", "yuv420p", str(path)], check=True)
+    return path
+
+
+def test_a_thin_region_on_1080p_is_an_observation_not_bad_input(medclaw, monkeypatch, tmp_path,
+                                                                hd_video, capsys):
+    """The review's case: x1=0, y1=0, x2=1, y2=0.0075 on a 1080p video (1920x8 source pixels)
+    left the episode as FrameTooLargeError and the command called it bad input (exit 2)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    thin = json.dumps({"thought": "", "tool": "crop_video_frame", "args": {
+        "time_s": 1.0, "x1": 0, "y1": 0, "x2": 1, "y2": 0.0075, "query": "is a clip visible"}})
+    orchestrator, _ = scripted_runtime(monkeypatch, [thin, LOAD, FINAL], tmp_path)
+    rc = medclaw(["ask", str(hd_video), QUESTION, "--json", "--trace-dir", str(tmp_path / "t")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    out = json.loads(captured.out)
+    assert out["status"] == "answered" and out["steps"] == 3
+    first = Trace.load(out["trace"]).steps[0]
+    assert first["tool"] == "crop_video_frame" and "aspect ratio" in first["error"]
+    assert "aspect ratio" in orchestrator.requests[1].messages[-1]["content"][0]["text"]
+    # phase 2 came first: one line per engine the command started (the given ones were up)
+    assert "engine scripted (fake) for frame_verifier: ready in" in captured.err
+
+
+def test_step_counter_never_passes_its_limit(medclaw, monkeypatch, tmp_path, synth_video, capsys):
+    monkeypatch.setenv("COLUMNS", "200")
+    scripted_runtime(monkeypatch, [LOAD, LOAD, FINAL], tmp_path)
+    rc = medclaw(["ask", str(synth_video.path), QUESTION, "--max-steps", "3",
+                  "--trace-dir", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "step 1/3 load_skill" in err and "step 2/3 load_skill" in err
+    assert "step 3/3 answer (forced)" in err and "step 4/3" not in err
+
+
+@pytest.mark.parametrize("raised, rc", [
+    (lambda: EngineLostError("model 'scripted': cannot reach http://127.0.0.1:9/v1"), 3),
+    (lambda: RuntimeError("engine core died unexpectedly"), 3),
+], ids=["engine lost", "engine error"])
+def test_a_failure_after_the_engines_started_is_exit_3_with_one_json_result(
+        medclaw, monkeypatch, tmp_path, synth_video, capsys, raised, rc):
+    def fail(request):
+        raise raised()
+
+    scripted_runtime(monkeypatch, [LOAD, fail], tmp_path)
+    assert medclaw(["ask", str(synth_video.path), QUESTION, "--json",
+                    "--trace-dir", str(tmp_path / "t")]) == rc
+    captured = capsys.readouterr()
+    [line] = captured.out.splitlines()
+    out = json.loads(line)
+    assert out["status"].startswith("failed:") and out["answer"] is None and out["steps"] == 1
+    assert str(raised()).split(":")[0] in out["error"]
+    assert f"medclaw: trace: {out['trace']}" in captured.err
+    trace = Trace.load(out["trace"])
+    assert trace.footer["status"].startswith("failed:") and len(trace.steps) == 1
+
+
+def test_a_bug_keeps_its_traceback_and_still_prints_the_result(medclaw, monkeypatch, tmp_path,
+                                                              synth_video, capsys):
+    def bug(request):
+        raise TypeError("unsupported operand")
+
+    scripted_runtime(monkeypatch, [bug], tmp_path)
+    with pytest.raises(TypeError):
+        medclaw(["ask", str(synth_video.path), QUESTION, "--json", "--trace-dir", str(tmp_path / "t")])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["status"] == "failed: TypeError: unsupported operand" and out["trace"]
+    assert "medclaw: trace:" in captured.err
+
+
+def test_no_usable_answer_is_exit_3(medclaw, monkeypatch, tmp_path, synth_video, capsys):
+    scripted_runtime(monkeypatch, ["not json"] * 8, tmp_path)
+    rc = medclaw(["ask", str(synth_video.path), QUESTION, "--max-steps", "2",
+                  "--trace-dir", str(tmp_path / "t")])
+    captured = capsys.readouterr()
+    assert rc == 3
+    assert "Status: failed: no usable answer" in captured.out
+    assert captured.err.count("medclaw: error: no usable answer") == 1
+    assert "medclaw: trace:" in captured.err
 
 
 # --- real tiny engines ----------------------------------------------------------------------------
@@ -187,7 +301,7 @@ def test_ask_on_tiny_engines_finishes_within_budget(medclaw, monkeypatch, tmp_pa
     rc = medclaw(["ask", str(synth_video.path), QUESTION, "--json", "--max-steps", "4",
                   "--trace-dir", str(tmp_path / "traces")])
     out = json.loads(capsys.readouterr().out)
-    assert rc == (1 if out["status"].startswith("failed") else 0)
+    assert rc == (3 if out["status"].startswith("failed") else 0)
     trace = Trace.load(out["trace"])
     from medclaw.kernels.probe import probe_video
 

@@ -84,4 +84,4 @@ def test_demo_on_tiny_engines(medclaw, monkeypatch, tmp_path, capsys, llm_engine
     # "Status: <status> (<forced reason>)": the reason may itself say "failed tool calls"
     status = status_line.split()[1]
     assert status.startswith(("answered", "forced_answer", "failed"))
-    assert rc == (1 if status.startswith("failed") else 0)
+    assert rc == (3 if status.startswith("failed") else 0)      # exit statuses: medclaw --help

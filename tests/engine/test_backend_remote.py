@@ -117,10 +117,12 @@ def test_routing_modes(tiny_models):
     assert spread.endpoint_order(request)[0] == 1              # the idle one wins
 
 
-async def test_unreachable_endpoints_are_one_config_error(tiny_models):
+async def test_unreachable_endpoints_are_one_lost_engine_error(tiny_models):
+    from medclaw.errors import EngineLostError
+
     dead = [f"http://127.0.0.1:{_free_port()}/v1" for _ in range(2)]
     backend = RemoteBackend(_spec(dead, tiny_models.llm))
-    with pytest.raises(ConfigError, match="cannot reach") as info:
+    with pytest.raises(EngineLostError, match="cannot reach") as info:      # exit 3, not bad input
         await backend.generate_one(Conversation("SYS").add_user("q").to_request(max_tokens=2))
     assert all(url in str(info.value) for url in dead)           # both were tried
     assert all(until > 0 for until in backend._down_until)

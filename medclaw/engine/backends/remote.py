@@ -58,7 +58,7 @@ from medclaw.engine.backends.base import (
     Backend, PromptPlan, RequestRejectedError, check_prompt_tokens, load_chat_tokenizer,
     media_in_order, render_prompt,
 )
-from medclaw.errors import ConfigError
+from medclaw.errors import ConfigError, EngineLostError
 from medclaw.models.spec import ModelSpec
 from medclaw.requests.output_format import split_output
 from medclaw.types import GenRequest, GenResult, MediaItem
@@ -263,9 +263,9 @@ class RemoteBackend(Backend):
             try:
                 response = await self._send(client, url, request, index, media)
             except httpx.TimeoutException as err:
-                raise ConfigError(f"model {self.model_name!r}: {url} did not answer within "
-                                  f"{self.timeout_s:g} s ({type(err).__name__}); raise "
-                                  "extra.timeout_s or check the server's load") from err
+                raise EngineLostError(f"model {self.model_name!r}: {url} did not answer within "
+                                      f"{self.timeout_s:g} s ({type(err).__name__}); raise "
+                                      "extra.timeout_s or check the server's load") from err
             except httpx.TransportError as err:
                 self._mark_down(index)
                 unreachable.append(f"{url} ({type(err).__name__})")
@@ -278,19 +278,20 @@ class RemoteBackend(Backend):
                 self.requests_served[index] += 1
             check_prompt_tokens(self.model_name, request, planned, result.num_prompt_tokens)
             return result
-        raise ConfigError(f"model {self.model_name!r}: cannot reach {', '.join(unreachable)}")
+        raise EngineLostError(f"model {self.model_name!r}: cannot reach {', '.join(unreachable)}")
 
     async def _send(self, client, url: str, request: GenRequest, index: int, media: list):
         """POST the request; media the endpoint holds go as uuids, and once more with the frames
         if the server has evicted them."""
         known = self._known(index)
-        body = self.payload(request, known)
-        response = await client.post(url, content=self._encode(body),
+        # JPEG-encoding the frames takes a while: off the event loop, other episodes go on
+        content = await asyncio.to_thread(lambda: self._encode(self.payload(request, known)))
+        response = await client.post(url, content=content,
                                      headers={"Content-Type": "application/json"})
         if response.status_code == 400 and known and CACHE_MISS in response.text:
             self._forget(index, media)
-            body = self.payload(request)
-            response = await client.post(url, content=self._encode(body),
+            content = await asyncio.to_thread(lambda: self._encode(self.payload(request)))
+            response = await client.post(url, content=content,
                                          headers={"Content-Type": "application/json"})
         return response
 
@@ -310,6 +311,9 @@ class RemoteBackend(Backend):
                                   "settings; start it with `medclaw models serve` (it passes "
                                   "--trust-request-mm-kwargs)")
             raise RequestRejectedError(f"model {self.model_name!r} rejected the request: {message}")
+        if response.status_code >= 500:     # the server failed (e.g. its engine died)
+            raise EngineLostError(f"model {self.model_name!r}: {url} answered "
+                                  f"{response.status_code}: {_error_message(response)}")
         if response.status_code != 200:
             raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:300]}")
         data = response.json()
@@ -332,7 +336,7 @@ class RemoteBackend(Backend):
         import httpx
 
         if self._closed:
-            raise RuntimeError(f"remote backend {self.model_name!r} is closed")
+            raise EngineLostError(f"remote backend {self.model_name!r} is closed")
         # One client per call: an httpx client belongs to the loop it was created on, and callers
         # come from many loops. trust_env=False: no proxy may reroute traffic off the network.
         limits = httpx.Limits(max_connections=max(16, len(requests)))

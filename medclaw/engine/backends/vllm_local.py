@@ -39,7 +39,7 @@ from medclaw.engine.backends.base import (
     media_in_order, render_prompt, set_offline_env, video_metadata,
 )
 from medclaw.requests.output_format import split_output
-from medclaw.errors import ConfigError, first_line
+from medclaw.errors import ConfigError, EngineLostError, first_line
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult
 
@@ -187,7 +187,7 @@ class VLLMBackend(Backend):
 
     async def _generate_one(self, request: GenRequest) -> GenResult:
         if self._closed or self._engine is None:
-            raise RuntimeError(f"vLLM backend {self.model_name!r} is closed")
+            raise EngineLostError(f"vLLM backend {self.model_name!r} is closed")
         prompt, params = self.render(request), self.sampling_params(request)
         planned = self._plan.planned_tokens(prompt["prompt"], media_in_order(request))
         request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
