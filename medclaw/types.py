@@ -40,7 +40,7 @@ class FrameRef:
 
     video_sha256: str
     frame_index: int           # in presentation order
-    timestamp_s: float         # presentation timestamp (pts × time base), seconds
+    timestamp_s: float         # video time from the frame's pts: pts × time base − start_s
     width: int                 # size the model saw
     height: int
     crop_box: tuple[float, float, float, float] | None = None  # normalised (x1, y1, x2, y2)
