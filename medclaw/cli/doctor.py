@@ -60,6 +60,9 @@ class Check:
 def register(parser: argparse.ArgumentParser) -> None:
     from medclaw.cli.models import add_model_arguments
 
+    parser.epilog = ("exit status: 0 every required check passed (--airgap: nothing was refused); "
+                     "1 a required check failed (--airgap: something was refused; COMMAND's own "
+                     "status when COMMAND failed); 2 bad arguments")
     add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--airgap", action="store_true",
