@@ -254,3 +254,35 @@ def test_doctor_airgap_allows_exactly_the_configured_endpoints(tmp_path, tiny_mo
     report = json.loads(lines[-1])
     assert report["allowed"] == ["10.0.0.5:8000"] and done.returncode == 1
     assert sorted(v["address"] for v in report["violations"]) == ["10.0.0.5:9000", "10.0.0.6:8000"]
+
+
+def test_an_allowed_name_allows_the_addresses_it_resolves_to(tmp_path):
+    """A config endpoint given by name: its lookup is allowed, then connects to what it resolved
+    to, on the allowed port only. (The resolver is faked: nothing here may query DNS.)"""
+    script = textwrap.dedent(f"""
+        import errno, json, os, socket, sys
+        sys.path.insert(0, {str(Path(airgap.__file__).parents[1])!r})
+        def fake_resolver(host, port, *args, **kwargs):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.1.1.1", port))]
+        socket.getaddrinfo = fake_resolver
+        os.environ["{airgap.ENV_ALLOW}"] = "gpu-2.hospital.lan:8000"
+        from medclaw import airgap
+        airgap.install()
+        def udp(host, port):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                return s.connect_ex((host, port)) != errno.EACCES
+        before = udp("10.1.1.1", 8000)
+        socket.getaddrinfo("gpu-2.hospital.lan", 8000)
+        try:
+            socket.getaddrinfo("gpu-3.hospital.lan", 8000)
+            other_lookup = True
+        except PermissionError:
+            other_lookup = False
+        print(json.dumps([before, udp("10.1.1.1", 8000), udp("10.1.1.1", 8001), other_lookup]))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDCLAW_AIRGAP")}
+    env["PYTHONPATH"] = ""
+    env[airgap.ENV_LOG] = str(tmp_path / "log.jsonl")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert json.loads(done.stdout) == [False, True, False, False], done.stderr
