@@ -7,6 +7,7 @@ and one episode id used twice in one second must give two trace files.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import shutil
@@ -105,6 +106,24 @@ async def test_episode_trace_reads_back_typed_with_provenance_and_exact_replay(
     assert trace.to_messages() == sent[-1].messages + [reply]
     assert trace.is_complete and trace.footer.outcome == "answered"
     assert trace.footer.totals.sub_agents.calls == 3
+
+
+def test_trace_show_reads_a_real_episode_trace(tmp_path, synth_video, skills, capsys, monkeypatch):
+    from medclaw import cli
+    from medclaw.cli import main
+
+    monkeypatch.setattr(cli, "COMMANDS", {"trace": cli.COMMANDS["trace"]})
+    orchestrator = ScriptedBackend(relook_orchestrator, model_name="scripted-llm")
+    vlm = ScriptedBackend(video_expert(synth_video.gt), model_name="scripted-vlm")
+    runtime = make_runtime(tmp_path, orchestrator, vlm, skills)
+    result = asyncio.run(run_episode(QUESTION, str(synth_video.path), runtime, config(tmp_path)))
+    assert main(["trace", "show", result.trace_path, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert Trace.model_validate(printed) == Trace.load(result.trace_path)
+    assert main(["trace", "show", result.trace_path]) == 0
+    text = capsys.readouterr().out
+    relook = f"directed-relook v{skills.get('directed-relook').version}"
+    assert relook in text and "search_window" in text and "scripted-vlm@none" in text
 
 
 async def test_same_episode_id_in_the_same_second_gives_two_trace_files(
