@@ -12,6 +12,7 @@ Reading (evaluation, the audit viewer and `medclaw trace show` read traces only 
         step.windows                  #   TimeWindow spans inspected / named, for a timeline
     trace.footer                      # Footer (answer, status, totals) or None if killed
     trace.is_complete                 # False: no footer (the writer was killed mid-episode)
+    trace.records()                   # header, steps, footer in file order (a replay)
     trace.to_messages()               # the orchestrator's conversation, replayed exactly
     trace.to_dict() / to_json()       # the validated trace as one JSON object
 
@@ -32,7 +33,7 @@ import functools
 import os
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -73,6 +74,13 @@ class Trace(BaseModel):
         import json
 
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def records(self) -> Iterator[Record]:
+        """Header, steps, footer (when there is one), in file order: a replay of the run."""
+        yield self.header
+        yield from self.steps
+        if self.footer is not None:
+            yield self.footer
 
     def to_messages(self) -> list[dict]:
         """The orchestrator's conversation as its last call saw it, plus that call's reply:

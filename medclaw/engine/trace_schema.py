@@ -181,7 +181,7 @@ class Header(Record):
     """Everything fixed before the first step: what was asked, of which video, with what."""
 
     type: Literal["header"] = "header"
-    format: Literal["medclaw-trace/2"] = TRACE_FORMAT
+    format: Literal[TRACE_FORMAT] = TRACE_FORMAT
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     episode_id: str
     question: str

@@ -83,6 +83,8 @@ def test_writer_flushes_each_line_and_load_reads_back_typed(tmp_path):
     assert full.header.question == "q?" and full.header.format == TRACE_FORMAT
     assert full.header.video.sha256 == SHA and full.header.models["orchestrator"].revision == "r"
     assert full.steps == partial.steps                  # what was written is what reads back
+    assert [r.type for r in full.records()] == ["header", "step", "footer"]
+    assert [r.type for r in partial.records()] == ["header", "step"]
 
 
 def test_windows_are_typed_from_frames_and_tool_data(tmp_path):
