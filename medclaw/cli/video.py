@@ -1,7 +1,7 @@
 """`medclaw video …`: synthesise a procedure video with ground truth, probe a video.
 
     medclaw video synth OUT.mp4 --minutes M [--seed S] [--width W] [--height H] [--fps F]
-    medclaw video probe VIDEO [--json] [--max-pixels N]
+    medclaw video probe VIDEO [--json] [--max-pixels N] [--assume-fps F]
 
 Top level is argparse only; numpy/PyAV load inside the handlers so `medclaw --help` stays instant.
 """
@@ -38,6 +38,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     probe.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     probe.add_argument("--max-pixels", type=int, default=None,
                        help="fail if width * height exceeds this")
+    probe.add_argument("--assume-fps", type=float, default=None, metavar="F",
+                       help="frame rate of a stream without timestamps (raw .h264/.hevc); "
+                            "default: the rate it declares, else 25")
     probe.set_defaults(handler=_probe)
 
 
@@ -69,14 +72,17 @@ def _synth(args) -> int:
 def _probe(args) -> int:
     from medclaw.kernels.probe import probe_video
 
-    info = probe_video(args.video, max_pixels=args.max_pixels)
+    if args.assume_fps is not None and not args.assume_fps > 0:
+        raise ConfigError(f"--assume-fps must be > 0, got {args.assume_fps}")
+    info = probe_video(args.video, max_pixels=args.max_pixels, assumed_fps=args.assume_fps)
     if args.json:
         print(json.dumps(info.to_dict(), indent=2))
         return 0
     rows = [("path", info.path), ("codec", info.codec),
             ("size", f"{info.width}x{info.height} (display)"),
             ("frames", str(info.num_frames)),
-            ("fps", f"{info.fps:.3f}" + (" (variable)" if info.is_variable_fps else "")),
+            ("fps", f"{info.fps:.3f}" + (" (variable)" if info.is_variable_fps else "")
+             + (" (assumed: the stream has no timestamps)" if info.fps_is_assumed else "")),
             ("duration", f"{info.duration_s:.3f} s"), ("rotation", f"{info.rotation} deg"),
             ("sha256", info.sha256)]
     width = max(len(k) for k, _ in rows)
