@@ -72,6 +72,15 @@ def airgap_log() -> AirGapLog:
     return AirGapLog(AIRGAP_LOG)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Also fail the run for what was refused outside any test (session fixtures: engine starts)."""
+    refused = airgap.violations(AIRGAP_LOG)
+    if refused:
+        print("\nair gap: non-loopback connection(s) during the test run:\n  "
+              + "\n  ".join(airgap.describe(r) for r in refused))
+        session.exitstatus = 1
+
+
 @pytest.fixture(autouse=True)
 def _air_gap_holds():
     log = AirGapLog(AIRGAP_LOG)

@@ -207,8 +207,10 @@ def test_bench_kv_on_guarded_engines(monkeypatch, capsys, airgap_log, tiny_vlm_s
     report = json.loads(capsys.readouterr().out)
     assert report["concurrent_requests_ok"] == "16/16"
     assert airgap_log.violations() == []
-    # the session engines' core processes run the guard too (they were spawned by this process)
+    # the session engines' core processes run the guard too (they were spawned by this process),
+    # and nothing was refused while they started (that happened before this test's own window)
     everything = airgap.read_log(os.environ[airgap.ENV_LOG])
+    assert [r for r in everything if r["event"] != "install"] == []
     cores = [r for r in everything if r["event"] == "install" and r["ppid"] == os.getpid()
              and "--multiprocessing-fork" in r["argv"]]
     assert len(cores) >= 2
