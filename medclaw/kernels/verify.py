@@ -10,19 +10,24 @@ libraries that seek by index (torchcodec on MPEG-TS, decord on HEVC) return othe
 asked, silently. `FrameSource` calls `mismatches` on every decode.
 
 `test_decode` (done once per file by `probe_video`; the verdict is stored with the index):
-  * decodes one frame in the middle of the video (seek + decode to it), and
-  * the last GOP, from its keyframe to the end of the stream.
+  * decodes the keyframe that opens the GOP in the middle of the video (a keyframe decodes on its
+    own: one frame's work, even at 4K), and
+  * for containers that carry no index of their own (MPEG-TS, raw elementary streams — anything
+    but MP4/MOV, Matroska/WebM and AVI, whose truncation the probe already sees in the header),
+    the last GOP, from its keyframe to the end of the stream.
 Frames at the end that do not decode (a truncated MPEG-TS cut inside its last packets) are
 dropped from the index, so the video is served up to its last decodable frame instead of
-failing later. If the middle frame or nothing at the end decodes, the file is refused with
-`CorruptVideoError` — before any engine starts. Work is bounded: at most `MAX_TEST_FRAMES` frames
-are decoded per region (a GOP longer than that is not tested at its end).
+failing later. If the middle keyframe or nothing at the end decodes, the file is refused with
+`CorruptVideoError` — before any engine starts. Work is bounded: at most 2 × `MAX_TEST_FRAMES`
+frames are decoded at the end (a GOP longer than that is not tested).
 """
 from __future__ import annotations
 
 from medclaw.kernels.errors import CorruptVideoError
 
 MAX_TEST_FRAMES = 600
+# Containers with their own frame index: a truncated file shows in the header (probe checks it).
+INDEXED_CONTAINERS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "avi")
 
 
 def mismatches(index, indices, pts) -> list[int]:
@@ -80,20 +85,21 @@ def test_decode(path, index) -> None:
 
     n = index.num_frames
     if n > 2 and index.has_pts:
-        middle = n // 2
-        if middle - index.keyframe_before(middle) <= MAX_TEST_FRAMES:
-            from medclaw.kernels.decoders.pyav_decoder import FrameMissing, iter_frames
-            import av
+        middle = index.keyframe_before(n // 2)
+        from medclaw.kernels.decoders.pyav_decoder import FrameMissing, iter_frames
+        import av
 
-            container, stream = _open(path)
-            try:
-                with container:
-                    for _ in iter_frames(container, stream, index, [middle], dense=True):
-                        pass
-            except (FrameMissing, av.error.FFmpegError) as err:
-                raise CorruptVideoError(
-                    f"{path}: cannot decode frame {middle} ({index.time_s(middle):.2f} s) in the "
-                    f"middle of the video: {str(err)[:120]}") from None
+        container, stream = _open(path)
+        try:
+            with container:
+                for _ in iter_frames(container, stream, index, [middle], dense=True):
+                    pass
+        except (FrameMissing, av.error.FFmpegError) as err:
+            raise CorruptVideoError(
+                f"{path}: cannot decode frame {middle} ({index.time_s(middle):.2f} s) in the "
+                f"middle of the video: {str(err)[:120]}") from None
+    if index.has_pts and index.container in INDEXED_CONTAINERS:
+        return
     last_key = index.keyframe_before(n - 1) if index.has_pts else 0
     if index.has_pts and n - index.keyframe_before(max(last_key - 1, 0)) > 2 * MAX_TEST_FRAMES:
         return                                   # an endless GOP: too long to test its end
