@@ -53,11 +53,14 @@ def main(argv: list[str]) -> int:
     from medclaw.bench.decode import CASES, case_request, has_ground_truth
     from medclaw.kernels.decoders import available_decoders, make_decoder
     from medclaw.kernels.decoders.base import DecodeJob
+    from medclaw.kernels.index import index_for
     from medclaw.kernels.planner import plan_frames
     from medclaw.kernels.probe import probe_video
 
     info = probe_video(args.video)
-    plans = {case: plan_frames(info, **case_request(case, info)["plan"]) for case in CASES}
+    index = index_for(info)
+    plans = {case: plan_frames(info, **case_request(case, info)["plan"]) for case in CASES
+             if case_request(case, info)["plan"] is not None}        # not the one-frame seek
     names = args.decoders.split(",") if args.decoders else available_decoders("cpu")
     threads = [int(t) for t in args.threads.split(",")]
     check = has_ground_truth(args.video)
@@ -69,7 +72,7 @@ def main(argv: list[str]) -> int:
                 def work():
                     return decoder.decode(DecodeJob(
                         path=str(info.path), indices=tuple(plan.frame_indices), width=plan.width,
-                        height=plan.height, fps=info.fps, num_threads=n))
+                        height=plan.height, fps=info.fps, num_threads=n, index=index)).frames
                 wall, cpu, frames = _timed(work, args.repeat)
                 accuracy = None
                 if check:
