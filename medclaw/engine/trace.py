@@ -86,10 +86,7 @@ class Trace(BaseModel):
         """The orchestrator's conversation as its last call saw it, plus that call's reply:
         system prompt, then per step the user turn and the assistant reply (chat-message dicts
         in the shape `Conversation` builds)."""
-        messages = self.header.to_messages()
-        for step in self.steps:
-            messages.extend(step.to_messages())
-        return messages
+        return [message for record in self.records() for message in record.to_messages()]
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":

@@ -276,6 +276,10 @@ class Footer(Record):
     totals: Totals = Field(default_factory=Totals)
     error: str | None = None            # traceback of a failure in our code
 
+    def to_messages(self) -> list[dict]:
+        """Nothing: the final answer is the last step's reply."""
+        return []
+
     @property
     def outcome(self) -> str:
         """"answered", "forced_answer" or "failed"."""

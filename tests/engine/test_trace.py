@@ -103,6 +103,17 @@ def test_windows_are_typed_from_frames_and_tool_data(tmp_path):
     assert [w["kind"] for w in row["windows"]] == ["inspected", "inspected", "search_window", "window"]
 
 
+def test_replay_renders_the_conversation_and_skips_a_cancelled_call(tmp_path):
+    cancelled = Step(index=2, prompt_turn="turn 2", error="the orchestrator call ran past the "
+                     "wall-time budget and was cancelled")                # no reply, no message
+    path = tmp_path / "t.jsonl"
+    _write(path, [_step(1), cancelled, _step(3)])
+    text = [(m["role"], m["content"][0]["text"]) for m in Trace.load(path).to_messages()]
+    reply = '{"tool": "crop_video"}'
+    assert text == [("system", "You are MedClaw."), ("user", "turn 1"), ("assistant", reply),
+                    ("user", "turn 3"), ("assistant", reply)]
+
+
 def test_load_tolerates_torn_last_line(tmp_path):
     path = tmp_path / "t.jsonl"
     _write(path, [_step(1)], footer=False)
