@@ -18,7 +18,7 @@ so code written against the dict shape keeps working. `to_dict()` is the JSON ro
 
 This module holds the types only; `medclaw.engine.trace` writes and reads files with them.
 Changing a field's meaning or removing one needs a new `TRACE_FORMAT`; adding an optional field
-does not.
+does not (readers older than the field refuse files that carry it: unknown fields are errors).
 """
 from __future__ import annotations
 
