@@ -121,6 +121,7 @@ def test_load_tolerates_torn_last_line(tmp_path):
         f.write('{"type": "step", "ind')               # killed mid-write
     trace = Trace.load(path)
     assert len(trace.steps) == 1 and trace.footer is None and not trace.is_complete
+    assert json.loads(trace.to_json())["complete"] is False      # what `trace show --json` says
 
     with pytest.raises(MedClawError, match="not found"):
         Trace.load(tmp_path / "missing.jsonl")
