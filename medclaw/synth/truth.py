@@ -13,6 +13,7 @@ The JSON written next to the video (`OUT.json`) is `GroundTruth.to_dict()`:
     counts       {clips | sutures | instruments_visible: [{time_s, frame, value}]}  step functions
     relations    [{event, time_s, instrument_in_before, instrument_in_after}]  for directed re-look
     qa           [{id, kind, question, answer, answer_value, evidence_times_s}]
+    zoom         only with `synth.zoom.ZoomOptions` on: small objects, look-alikes, flashes
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class GroundTruth:
     counts: dict[str, list[dict]]
     relations: list[dict] = field(default_factory=list)
     qa: list[dict] = field(default_factory=list)
+    zoom: dict = field(default_factory=dict)     # synth.zoom; empty (and not saved) by default
 
     @property
     def duration_s(self) -> float:
@@ -100,8 +102,11 @@ class GroundTruth:
         return [e for e in self.events if e["kind"] == kind]
 
     def to_dict(self) -> dict:
-        return {"version": 1, **{name: getattr(self, name) for name in self.__slots__},
+        data = {"version": 1, **{name: getattr(self, name) for name in self.__slots__},
                 "duration_s": self.duration_s}
+        if not self.zoom:
+            del data["zoom"]                 # default videos keep their exact JSON
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "GroundTruth":
@@ -134,8 +139,11 @@ def _phase_bounds(rng, num_frames: int) -> list[tuple[int, int]]:
 
 
 def make_ground_truth(minutes: float, seed: int = 0, width: int = 640, height: int = 360,
-                      fps: float = 25) -> GroundTruth:
-    """The deterministic schedule of a `minutes`-long video (see module docstring)."""
+                      fps: float = 25, zoom=None) -> GroundTruth:
+    """The deterministic schedule of a `minutes`-long video (see module docstring).
+
+    `zoom` (a `synth.zoom.ZoomOptions`) adds content worth zooming into, drawn from a random
+    stream of its own: the base schedule is the same with or without it."""
     import numpy as np
 
     if not math.isfinite(minutes * 60 * fps):
@@ -188,6 +196,11 @@ def make_ground_truth(minutes: float, seed: int = 0, width: int = 640, height: i
     )
     truth.relations = _relations(events)
     truth.qa = _qa(truth, rng)
+    if zoom is not None and zoom.any:
+        from medclaw.synth.zoom import make_zoom_truth
+
+        truth.zoom = make_zoom_truth(zoom, seed, num_frames, fps, width, height,
+                                     [e for e in events if e["kind"] == "instrument_in"])
     return truth
 
 

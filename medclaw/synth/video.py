@@ -68,10 +68,11 @@ class SynthVideo:
 
 def synthesize(out_path, minutes: float, seed: int = 0, width: int = 640, height: int = 360,
                fps: float = 25, *, crf: int = 23, gop: int = 250,
-               progress: bool | None = None) -> SynthVideo:
+               progress: bool | None = None, zoom=None) -> SynthVideo:
     """Render the procedure video and write its ground truth JSON beside it (`OUT.json`).
 
     `progress=None` shows a bar on stderr for long videos when stderr is a terminal.
+    `zoom` (a `synth.zoom.ZoomOptions`) adds small objects, look-alikes and short flashes.
     Raises ValueError for bad sizes/lengths, EncoderError if ffmpeg is missing or fails.
     """
     if width % 2 or height % 2 or width < 128 or height < 72:
@@ -79,7 +80,7 @@ def synthesize(out_path, minutes: float, seed: int = 0, width: int = 640, height
     if not 1 <= fps <= 240:
         raise ValueError(f"fps must be in [1, 240], got {fps}")
     out = Path(out_path)
-    gt = make_ground_truth(minutes, seed=seed, width=width, height=height, fps=fps)
+    gt = make_ground_truth(minutes, seed=seed, width=width, height=height, fps=fps, zoom=zoom)
     if gt.num_frames > MAX_INDEX:     # fail now, not after hours of rendering
         raise ValueError(f"{gt.num_frames} frames exceed the frame-index barcode's limit of "
                          f"{MAX_INDEX}; ask for fewer minutes or a lower fps")
@@ -193,6 +194,11 @@ class _Renderer:
         cut_img[rows, cols] = clean[rows, cols]
         scenes["cut"] = cut_img
         self.scenes = {name: self.canvas.native(img) for name, img in scenes.items()}
+        self.zoom = None
+        if gt.zoom:
+            from medclaw.synth.zoom import ZoomPainter
+
+            self.zoom = ZoomPainter(gt.zoom, w, h, gt.num_frames)
 
     def _timeline(self):
         """Per-frame state as arrays, so the draw loop does no searching."""
@@ -241,6 +247,8 @@ class _Renderer:
                 if present[i, f]:
                     x0, y0 = self._position(inst, i, t)
                     canvas.paint(y0, x0, self.sprites[inst], colors[inst])
+            if self.zoom is not None:
+                self.zoom.draw(canvas, int(f))
             canvas.strip(frame_index_row(int(f), gt.width), self.top)
             yield canvas
 

@@ -1,0 +1,226 @@
+"""Optional content worth zooming into: what one low-resolution pass cannot resolve but a crop can.
+
+`ZoomOptions` (all off by default: a video made without it is byte-for-byte what it always was)
+adds, on a random stream of its own (`seed`, 101), so the base schedule is never disturbed:
+
+- small instruments (`small_instruments`): tiny objects (`SMALL_OBJECTS`, a few pixels at
+  the video's size) that lie in a fixed spot of the field for a few seconds each;
+- look-alike instruments (`look_alikes`): two instruments of one colour and one shape
+  (`LOOK_ALIKES`), told apart only by a small white mark at the tip of one of them;
+- short events (`short_events`): cautery flashes lasting `FLASH_S` seconds, shorter than the
+  gap between frames of a whole-video pass, each followed by an instrument brought in.
+
+Ground truth goes to `GroundTruth.zoom` (absent from the JSON when no option is on):
+    options      the ZoomOptions as a dict
+    visits       [{kind: "small" | "look_alike", name, start_s, end_s, start_frame, end_frame,
+                   box: [x1, y1, x2, y2]}]   box: normalised to the frame, where the object is drawn
+    flashes      [{time_s, frame, end_frame, box, instrument_in_after: {instrument, time_s} | None}]
+    qa           [{id, kind, question, answer, answer_value, evidence_times_s, box?}]
+                 kinds: small_object, look_alike, short_event (before/after a flash)
+Intervals are half-open in frames, like the rest of the ground truth. Pure and deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# name -> RGB. Far from every scene tone and from the base instruments' colours.
+SMALL_OBJECTS: dict[str, tuple[int, int, int]] = {
+    "needle": (255, 255, 255),
+    "bulldog_clamp": (0, 0, 128),
+    "gauze_tag": (170, 255, 0),
+}
+LOOK_ALIKE_COLOR = (150, 0, 255)
+MARK_COLOR = (255, 255, 255)
+# name -> carries the mark. Same colour, same shape ("fork").
+LOOK_ALIKES: dict[str, bool] = {"dissector": False, "bipolar": True}
+FLASH_COLOR = (255, 255, 150)
+FLASH_S = 0.6
+
+# Fixed spots (centre, fractions of the scene below the barcode): nothing else is drawn there.
+SMALL_XY = (0.66, 0.42)
+LOOK_ALIKE_XY = (0.34, 0.40)
+FLASH_XY = (0.44, 0.86)
+SMALL_FRACTION = 0.05         # of the scene height: a few pixels at 320x180
+MARK_FRACTION = 0.03          # the look-alike mark, of the scene height
+LOOK_ALIKE_FRACTION = 0.16    # the look-alike sprite, of the scene height
+FLASH_FRACTION = 0.05         # flash radius, of the scene height
+VISITS_PER_KIND = 2
+FLASHES = 2
+
+
+@dataclass(slots=True, frozen=True)
+class ZoomOptions:
+    small_instruments: bool = False
+    short_events: bool = False
+    look_alikes: bool = False
+
+    @classmethod
+    def all(cls) -> "ZoomOptions":
+        return cls(True, True, True)
+
+    @property
+    def any(self) -> bool:
+        return self.small_instruments or self.short_events or self.look_alikes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def geometry(width: int, height: int) -> dict:
+    """Pixel geometry shared by the schedule (boxes) and the renderer: top of the scene, sizes."""
+    from medclaw.synth.barcode import strip_height
+    from medclaw.synth.draw import even
+
+    top = even(strip_height(height) + 0.5)
+    scene_h = height - top
+    return {"top": top, "scene_h": scene_h,
+            "small": max(4, even(SMALL_FRACTION * scene_h)),
+            "mark": max(4, even(MARK_FRACTION * scene_h)),
+            "look_alike": max(12, even(LOOK_ALIKE_FRACTION * scene_h)),
+            "flash_r": max(3, even(FLASH_FRACTION * scene_h))}
+
+
+def corner(xy: tuple[float, float], size: int, width: int, height: int) -> tuple[int, int]:
+    """Top-left (x, y) of a `size` square centred on a scene spot, snapped to even pixels."""
+    from medclaw.synth.draw import even
+
+    g = geometry(width, height)
+    return even(xy[0] * width - size / 2), even(g["top"] + xy[1] * g["scene_h"] - size / 2)
+
+
+def _box(x: int, y: int, w: int, h: int, width: int, height: int, pad: float) -> list[float]:
+    """The object's box, padded by `pad` of its size, normalised and clamped to the frame."""
+    px, py = pad * w, pad * h
+    return [round(max(0.0, (x - px) / width), 4), round(max(0.0, (y - py) / height), 4),
+            round(min(1.0, (x + w + px) / width), 4), round(min(1.0, (y + h + py) / height), 4)]
+
+
+def make_zoom_truth(options: ZoomOptions, seed: int, num_frames: int, fps: float, width: int,
+                    height: int, arrivals: list[dict]) -> dict:
+    """The `zoom` section of a ground truth (see the module docstring). `arrivals` are the base
+    schedule's `instrument_in` events (for the instrument brought in after a flash)."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 101])
+    g = geometry(width, height)
+    duration = num_frames / fps
+    visits: list[dict] = []
+    # Visits sit in disjoint slots of the middle 90 % of the video, so no two of one kind overlap.
+    kinds = []
+    if options.small_instruments:
+        kinds.append(("small", list(SMALL_OBJECTS), SMALL_XY, g["small"], 1.5))
+    if options.look_alikes:
+        kinds.append(("look_alike", list(LOOK_ALIKES), LOOK_ALIKE_XY, g["look_alike"], 0.15))
+    for kind, names, xy, size, pad in kinds:
+        slots = rng.permutation(6)[:VISITS_PER_KIND]
+        for slot in sorted(int(s) for s in slots):
+            lo = 0.05 + slot * 0.15
+            start_s = (lo + rng.uniform(0.01, 0.05)) * duration
+            length_s = max(2.0, rng.uniform(0.05, 0.08) * duration)
+            start, end = int(round(start_s * fps)), min(num_frames, int(round((start_s + length_s) * fps)))
+            name = names[int(rng.integers(len(names)))]
+            x, y = corner(xy, size, width, height)
+            visits.append({"kind": kind, "name": name, "start_s": start / fps, "end_s": end / fps,
+                           "start_frame": start, "end_frame": end,
+                           "box": _box(x, y, size, size, width, height, pad)})
+    flashes: list[dict] = []
+    if options.short_events:
+        r = g["flash_r"]
+        x, y = corner(FLASH_XY, 2 * r, width, height)
+        for k in range(FLASHES):
+            t = (0.15 + 0.40 * k + rng.uniform(0.0, 0.30)) * duration
+            frame = int(round(t * fps))
+            end = min(num_frames, frame + max(1, int(round(FLASH_S * fps))))
+            after = [a for a in arrivals if a["frame"] > frame]
+            flashes.append({"time_s": frame / fps, "frame": frame, "end_frame": end,
+                            "box": _box(x, y, 2 * r, 2 * r, width, height, 0.5),
+                            "instrument_in_after": ({"instrument": after[0]["instrument"],
+                                                     "time_s": after[0]["time_s"]} if after else None)})
+    zoom = {"options": options.to_dict(), "visits": visits, "flashes": flashes}
+    zoom["qa"] = _zoom_qa(zoom, rng)
+    return zoom
+
+
+def visible_at(zoom: dict, kind: str, frame: int) -> list[str]:
+    """Names of the `kind` visits on screen at `frame`."""
+    return sorted(v["name"] for v in zoom.get("visits", [])
+                  if v["kind"] == kind and v["start_frame"] <= frame < v["end_frame"])
+
+
+def _zoom_qa(zoom: dict, rng) -> list[dict]:
+    items: list[dict] = []
+
+    def qa(kind, question, answer, times, box=None):
+        item = {"id": f"z{len(items)}", "kind": kind, "question": question, "answer": answer,
+                "answer_value": answer, "evidence_times_s": [round(t, 3) for t in times]}
+        if box is not None:
+            item["box"] = box
+        items.append(item)
+
+    for v in zoom["visits"]:
+        # a time well inside the visit, on a frame boundary
+        t = round(v["start_s"] + (0.3 + 0.4 * float(rng.uniform())) * (v["end_s"] - v["start_s"]), 1)
+        if v["kind"] == "small":
+            qa("small_object", f"Which small object lies in the field at {t:g} s: "
+               + ", ".join(n.replace("_", " ") for n in SMALL_OBJECTS) + "?",
+               v["name"].replace("_", " "), [t], v["box"])
+        else:
+            qa("look_alike", f"At {t:g} s, is the instrument on the left the dissector or the "
+               "bipolar (the one with a white mark at its tip)?",
+               v["name"].replace("_", " "), [t], v["box"])
+    for k, flash in enumerate(zoom["flashes"]):
+        after = flash["instrument_in_after"]
+        if after is None:
+            continue
+        nth = ("first", "second", "third")[k] if k < 3 else f"#{k + 1}"
+        qa("short_event", f"Which instrument was brought in just after the {nth} cautery flash?",
+           after["instrument"].replace("_", " "), [flash["time_s"], after["time_s"]])
+    return items
+
+
+class ZoomPainter:
+    """Draws a ground truth's `zoom` section on the renderer's canvas, frame by frame."""
+
+    def __init__(self, zoom: dict, width: int, height: int, num_frames: int):
+        import numpy as np
+
+        from medclaw.synth.draw import Mask, sprite
+
+        self.np = np
+        g = geometry(width, height)
+        self.items = []                              # (start_frame, end_frame, draw)
+        small_mask = Mask.of(np.ones((g["small"], g["small"]), bool))
+        fork = sprite("fork", g["look_alike"])
+        for v in zoom.get("visits", []):
+            if v["kind"] == "small":
+                x, y = corner(SMALL_XY, g["small"], width, height)
+                self.items.append((v["start_frame"], v["end_frame"],
+                                   ("paint", y, x, small_mask, SMALL_OBJECTS[v["name"]])))
+            else:
+                size = g["look_alike"]
+                x, y = corner(LOOK_ALIKE_XY, size, width, height)
+                self.items.append((v["start_frame"], v["end_frame"],
+                                   ("paint", y, x, Mask.of(fork), LOOK_ALIKE_COLOR)))
+                if LOOK_ALIKES[v["name"]]:
+                    m = g["mark"]       # at the tip of the shaft, where the jaws meet
+                    mx = x + even_int(0.55 * size) - m // 2
+                    my = y + even_int(0.5 * size) - m // 2
+                    self.items.append((v["start_frame"], v["end_frame"],
+                                       ("fill", my, my + m, mx, mx + m, MARK_COLOR)))
+        r = g["flash_r"]
+        yy, xx = np.ogrid[0:2 * r, 0:2 * r]
+        disc = Mask.of((xx + 0.5 - r) ** 2 + (yy + 0.5 - r) ** 2 <= r * r)
+        for flash in zoom.get("flashes", []):
+            x, y = corner(FLASH_XY, 2 * r, width, height)
+            self.items.append((flash["frame"], flash["end_frame"], ("paint", y, x, disc, FLASH_COLOR)))
+
+    def draw(self, canvas, frame: int) -> None:
+        for start, end, (op, *args) in self.items:
+            if start <= frame < end:
+                getattr(canvas, op)(*args)
+
+
+def even_int(value: float) -> int:
+    from medclaw.synth.draw import even
+
+    return even(value)
