@@ -272,10 +272,20 @@ class FrameSource:
                 self._safe = PyAVDecoder(device=self.device)
             return self._safe
 
-    def _choose(self, index):
+    def _choose(self, index, width: int = 0, height: int = 0):
         """The decoder for this video: the configured one unless it declines the format or failed
-        the identity check on it before; else the safe path."""
+        the identity check on it before, else the safe path — which is also taken on CPU when the
+        codec can decode at reduced resolution for this output size (PyAV's `lowres`)."""
+        from medclaw.kernels.decoders.base import DECODER_RESIZE_MAX_FRACTION
+        from medclaw.kernels.decoders.pyav_decoder import lowres_for
+
         decoder = self._get_decoder()
+        meta = index.meta
+        src_w, src_h = meta.get("width", 0), meta.get("height", 0)
+        if self.device == "cpu" and width and src_w and meta.get("rotation", 0) % 360 == 0 \
+                and width * height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h \
+                and lowres_for(index.codec, src_w, src_h, width, height):
+            return self._get_safe()
         key = (decoder.name, index.container, index.codec)
         with _REFUSED_LOCK:
             refused = key in _REFUSED
@@ -303,7 +313,7 @@ class FrameSource:
         if missing[-1] >= index.num_frames:
             raise TimeRangeError(f"{info.path}: frame index {missing[-1]} is outside the "
                                  f"decodable video (0-{index.num_frames - 1})")
-        decoder = self._choose(index)
+        decoder = self._choose(index, width if crop_px is None else 0, height)
         safe = self._get_safe()
         try:
             frames, pts = self._run(decoder, index, info, missing, width, height, crop_px,

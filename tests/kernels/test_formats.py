@@ -161,3 +161,25 @@ def test_one_frame_video_plans_and_decodes_two_copies(folder):
     plan = plan_frames(info, fps=2.0)
     frames = FrameSource().get(info, plan)
     assert plan.frame_indices == (0, 0) and read_frame_indices(frames) == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["mjpeg", "mpeg4"])
+def test_reduced_resolution_decode_returns_the_planned_frames(name, folder):
+    """MJPEG / MPEG-4 Part 2 wanted at half of each side decode at FFmpeg's lowres: same frames
+    (barcodes), pixels close to a full decode resized."""
+    from medclaw.kernels.decoders.pyav_decoder import lowres_for
+
+    path, info = _video(name, folder)
+    assert lowres_for(info.codec, info.width, info.height, 40, 22) == 2
+    assert lowres_for(info.codec, info.width, info.height, 80, 44) == 1
+    assert lowres_for("h264", info.width, info.height, 40, 22) == 0      # H.264 has no lowres
+    src = FrameSource(cache_mb=0)
+    small = src.get_frames(info, list(PATTERN), 80, 44)
+    assert src._choose(index_for(info), 80, 44).name == "pyav"
+    full = FrameSource(cache_mb=0).get_frames(info, list(PATTERN), 160, 90)
+    assert read_frame_indices(small) == list(PATTERN)
+    from medclaw.kernels.ops import resize_crop
+    import torch
+
+    ref = resize_crop(torch.from_numpy(full.copy()), 80, 44).numpy()
+    assert np.abs(small.astype(int) - ref.astype(int)).mean() < 12

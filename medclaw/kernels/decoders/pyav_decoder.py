@@ -14,7 +14,10 @@ by its own single-threaded codec context in its own thread (`base.split_at_keyfr
 releases the GIL while FFmpeg decodes and converts).
 A large downscale without a crop happens in libswscale together with the YUV→RGB conversion (one
 pass, no full-size RGB frame); everything else goes through `ops.resize_crop`, so for those sizes
-PyAV and torchcodec return identical pixels.
+PyAV and torchcodec return identical pixels. Codecs that can decode at reduced resolution
+(`LOWRES_CODECS`: MJPEG, MPEG-1/2, MPEG-4 Part 2 — FFmpeg's `lowres`, 1/2, 1/4 or 1/8 of each side)
+do so when the output needs at most that many pixels: a 4K MJPEG frame wanted at 644×364 is
+decoded at 960×540, never at full size.
 """
 from __future__ import annotations
 
@@ -24,6 +27,18 @@ from medclaw.kernels.decoders.base import (
 )
 
 _SWS_INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
+LOWRES_CODECS = ("mjpeg", "mpeg1video", "mpeg2video", "mpeg4")
+MAX_LOWRES = 3
+
+
+def lowres_for(codec: str, src_w: int, src_h: int, width: int, height: int) -> int:
+    """The largest FFmpeg `lowres` level k (sides / 2^k) that still covers width × height."""
+    if codec not in LOWRES_CODECS:
+        return 0
+    k = 0
+    while k < MAX_LOWRES and (src_w >> (k + 1)) >= width and (src_h >> (k + 1)) >= height:
+        k += 1
+    return k
 
 
 class FrameMissing(Exception):
@@ -166,6 +181,7 @@ class PyAVDecoder(Decoder):
         chunk_size = len(next(job.chunks())[1])
         small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
         scale = small and job.crop_px is None and job.rotation % 360 == 0
+        lowres = lowres_for(index.codec, src_w, src_h, job.width, job.height) if scale else 0
         sws = _SWS_INTERPOLATION[job.interpolation]
 
         def convert(frame):
@@ -189,6 +205,8 @@ class PyAVDecoder(Decoder):
             with container:
                 stream = container.streams.video[0]
                 stream.thread_type, stream.thread_count = thread_type, thread_count
+                if lowres:
+                    stream.codec_context.options = {"lowres": str(lowres)}
                 wanted = job.indices[lo:hi]
                 buf, position, current = [], lo, wanted[0]
                 try:
