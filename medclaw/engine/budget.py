@@ -77,15 +77,19 @@ class Budget:
         return None
 
     def warning(self) -> str | None:
-        """One line for the model once any budget has crossed `warn_at` (None before that)."""
+        """One line for the model once any budget has crossed `warn_at` (None before that).
+
+        The time spent is named only once the wall-time budget itself has crossed `warn_at`:
+        clock readings in the prompt would make two runs of the same inputs differ."""
         fr = self.fractions()
         if max(fr.values()) < self.config.warn_at:
             return None
+        time_part = (f"; time {self.elapsed_s:.0f}/{self.config.max_wall_s:.0f} s"
+                     if fr["wall_time"] >= self.config.warn_at else "")
         return (f"BUDGET WARNING: {self.steps_left} step(s) left of {self.config.max_steps}, "
                 "the last one for final_answer; "
-                f"visual tokens {self.visual_tokens_used}/{self.config.visual_token_budget}; "
-                f"time {self.elapsed_s:.0f}/{self.config.max_wall_s:.0f} s. "
-                "Gather only what you still need, then call final_answer.")
+                f"visual tokens {self.visual_tokens_used}/{self.config.visual_token_budget}"
+                f"{time_part}. Gather only what you still need, then call final_answer.")
 
     def to_dict(self) -> dict:
         return {"steps_used": self.steps_used, "max_steps": self.config.max_steps,
