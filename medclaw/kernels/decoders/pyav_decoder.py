@@ -27,6 +27,7 @@ from medclaw.kernels.decoders.base import (
 )
 
 _SWS_INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
+SKIP_NONREF_CODECS = ("h264", "hevc")
 LOWRES_CODECS = ("mjpeg", "mpeg1video", "mpeg2video", "mpeg4")
 MAX_LOWRES = 3
 
@@ -67,6 +68,9 @@ def iter_frames(container, stream, index, wanted, *, dense: bool, check_cancelle
     ctx = stream.codec_context
     pts = index.pts
     wanted_set = set(int(i) for i in wanted)
+    # Not decoding unwanted non-reference frames is safe where "non-reference" is a property of
+    # the packet (H.264, HEVC); AV1 packets may carry hidden frames that later ones show.
+    skip_unwanted = skip_unwanted and index.codec in SKIP_NONREF_CODECS
     if not index.has_pts:
         # No timestamps: frames are numbered in output order from the start of the stream.
         position, slot = -1, 0
