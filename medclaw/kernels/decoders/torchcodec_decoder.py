@@ -28,7 +28,9 @@ from medclaw.kernels.decoders.base import (
 
 # Containers on which torchcodec's seeking returns wrong frames (seen, not assumed: the identity
 # check also learns this at run time for anything not listed).
-_BAD_CONTAINERS = {"mpegts": "torchcodec 0.14 seeks to wrong frames in MPEG-TS"}
+_BAD_CONTAINERS = {"mpegts": "torchcodec 0.14 seeks to wrong frames in MPEG-TS",
+                   "avi": "torchcodec 0.14 (approximate seek mode) rejects the last frames' pts "
+                          "in AVI"}
 
 
 class TorchcodecDecoder(Decoder):
@@ -36,9 +38,17 @@ class TorchcodecDecoder(Decoder):
     applies_rotation = True       # torchcodec rotates by the display matrix itself
 
     def supports(self, index) -> str | None:
+        import numpy as np
+
         if not index.has_pts:
             return "torchcodec cannot open a stream without timestamps"
-        return _BAD_CONTAINERS.get(index.container) or nvdec_refusal(self.name, self.device, index.codec)
+        if index.container in _BAD_CONTAINERS:
+            return _BAD_CONTAINERS[index.container]
+        steps = np.diff(index.pts)
+        if len(steps) > 1 and np.ptp(steps) > max(2, 0.1 * float(np.median(steps))):
+            # approximate mode times frames by the header's rate: on VFR it refuses real pts
+            return "torchcodec 0.14 (approximate seek mode) rejects the pts of VFR video"
+        return None or nvdec_refusal(self.name, self.device, index.codec)
 
     def _open(self, job: DecodeJob, num_threads: int, transforms=None):
         from torchcodec.decoders import VideoDecoder
