@@ -48,7 +48,7 @@ class TorchcodecDecoder(Decoder):
         if len(steps) > 1 and np.ptp(steps) > max(2, 0.1 * float(np.median(steps))):
             # approximate mode times frames by the header's rate: on VFR it refuses real pts
             return "torchcodec 0.14 (approximate seek mode) rejects the pts of VFR video"
-        return None or nvdec_refusal(self.name, self.device, index.codec)
+        return nvdec_refusal(self.name, self.device, index.codec)
 
     def _open(self, job: DecodeJob, num_threads: int, transforms=None):
         from torchcodec.decoders import VideoDecoder
