@@ -15,6 +15,10 @@ import os as _os
 # VLLM_HOST_IP: without it every vLLM engine process "discovers" its own IP by connecting a UDP
 # socket to 8.8.8.8 (vllm.utils.network_utils.get_ip); in-process engines live on this host, so
 # loopback is their address. (Multi-node serving is `vllm serve`, started outside medclaw.)
+# FLASHINFER_CUBINS_REPOSITORY: on Hopper/Blackwell GPUs vLLM probes NVIDIA's artifactory over
+# HTTPS (vllm.utils.flashinfer.has_nvidia_artifactory) to decide whether FlashInfer may download
+# TRT-LLM kernels; pointed at a closed loopback port the probe fails at once and nothing leaves.
+# (Install the `flashinfer-cubin` package to have those kernels without any probe.)
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -26,6 +30,7 @@ OFFLINE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "VLLM_HOST_IP": "127.0.0.1",
     "VLLM_USE_MODELSCOPE": "False",
+    "FLASHINFER_CUBINS_REPOSITORY": "http://127.0.0.1:9/",
 }
 # What the environment said before we overwrote it (`medclaw doctor` reports the difference).
 ENVIRONMENT_AT_IMPORT = {_key: _os.environ.get(_key) for _key in OFFLINE_ENV}

@@ -288,3 +288,15 @@ def test_an_allowed_name_allows_the_addresses_it_resolves_to(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
     assert json.loads(done.stdout) == [False, True, False, False], done.stderr
+
+
+def test_vllm_artifactory_probe_stays_on_loopback(airgap_log):
+    """On Hopper/Blackwell GPUs vLLM asks NVIDIA's artifactory whether FlashInfer kernels can be
+    downloaded; medclaw points that probe at a closed loopback port (OFFLINE_ENV)."""
+    flashinfer = pytest.importorskip("vllm.utils.flashinfer")
+    flashinfer.has_nvidia_artifactory.cache_clear()
+    if flashinfer.has_flashinfer_cubin():
+        pytest.skip("flashinfer-cubin installed: vLLM makes no probe")
+    assert flashinfer.FLASHINFER_CUBINS_REPOSITORY.startswith("http://127.0.0.1:")
+    assert flashinfer.has_nvidia_artifactory() is False
+    assert airgap_log.violations() == []
