@@ -10,10 +10,16 @@ orchestrator) and measures, with the prompt layouts of `medclaw.requests.convers
 - concurrent_requests_ok: "k/16" requests awaited concurrently on one engine that completed;
 - constrained_tool_calls_parsed: "k/100" schema-constrained tool calls that `parse_action` accepts.
 
+- cached_equals_cold: a request served from the prefix cache gives the same greedy output as the
+  same request on the engine made cold again (prefix, media and encoder caches dropped), for the
+  VLM (a clip question) and the LLM (an orchestrator turn).
+
 Clips are random uint8 frames (what matters here is token layout, not content), each measurement
 with its own media UUID so its first request is a genuine miss. The measurement coroutines are
 also what the engine tests assert on. Output is one JSON object on stdout (`--json`) or a table.
-Targets on the tiny CPU profile: repeat >= 0.90, stage 2 and turns >= 0.95, 16/16, 100/100.
+The benchmark judges itself: `checks` holds each figure against its target (`TARGETS`: repeat
+>= 0.90, stage 2 and turns >= 0.95, 16/16, 100/100, cached output == cold output) and the exit
+status is 1 when any is missed.
 """
 from __future__ import annotations
 
@@ -30,6 +36,10 @@ ORCHESTRATOR_SYSTEM = ("You answer questions about a long surgical video that yo
 QUESTIONS = ("Which surgical phase is shown?", "Which instruments are visible?",
              "Is there bleeding?", "When is the first clip applied?", "What happens at the end?")
 TOOL_CALL_MAX_TOKENS = 1536      # bounded schema: thought + longest string args + structure
+# report key → minimum (fractions; "k/n" counts must be n/n; booleans must be true)
+TARGETS = {"repeat_question_cached_fraction": 0.90, "stage2_cached_fraction": 0.95,
+           "turn_cached_fraction": 0.95, "concurrent_requests_ok": 1.0,
+           "constrained_tool_calls_parsed": 1.0, "cached_equals_cold": True}
 
 
 def _clip(seed: int, num_frames: int, side: int, fps: float, max_pixels: int):
@@ -139,6 +149,50 @@ async def constrained_tool_calls(llm, tool_specs: list[dict], n: int = 100) -> d
             "completion_tokens_max": max(r.num_completion_tokens for r in results)}
 
 
+async def cached_vs_cold(backend, request) -> dict:
+    """Greedy output of `request` served from the prefix cache, then on the engine made cold."""
+    await backend.generate_one(request)                        # warms the cache
+    warm = await backend.generate_one(request)
+    await asyncio.to_thread(backend.reset_caches)
+    cold = await backend.generate_one(request)
+    return {"warm_cached_tokens": warm.num_cached_tokens, "cold_cached_tokens": cold.num_cached_tokens,
+            "prompt_tokens": warm.num_prompt_tokens, "warm_text": warm.text[:200],
+            "cold_text": cold.text[:200],
+            "same_output": warm.text == cold.text
+            and warm.num_completion_tokens == cold.num_completion_tokens,
+            "was_cached": warm.num_cached_tokens > 0 and cold.num_cached_tokens == 0}
+
+
+async def cached_equals_cold(vlm, llm, tool_specs: list[dict]) -> dict:
+    from medclaw.requests.conversation import Conversation
+
+    clip = _clip(99, num_frames=16, side=224, fps=2.0, max_pixels=224 * 224)
+    vlm_request = Conversation(VLM_SYSTEM).add_user(QUESTIONS[0], media=[clip]).to_request(
+        max_tokens=16, temperature=0.0)
+    llm_request = orchestrator_conversation(tool_specs, "Where is the gallbladder dissected?") \
+        .to_request(max_tokens=16, temperature=0.0)
+    out = {"vlm": await cached_vs_cold(vlm, vlm_request),
+           "llm": await cached_vs_cold(llm, llm_request)}
+    out["ok"] = all(r["same_output"] and r["was_cached"] for r in out.values())
+    return out
+
+
+def judge(report: dict) -> dict:
+    """Each TARGETS figure of `report` against its target: {key: {value, target, ok}}."""
+    checks = {}
+    for key, target in TARGETS.items():
+        value = report[key]
+        if isinstance(value, str):             # "k/n"
+            done, total = (int(v) for v in value.split("/"))
+            ok = total > 0 and done / total >= target
+        elif isinstance(target, bool):
+            ok = value is target
+        else:
+            ok = value >= target
+        checks[key] = {"value": value, "target": target, "ok": ok}
+    return checks
+
+
 async def measure(vlm, llm, tool_specs: list[dict], step=lambda name: None) -> dict:
     """Run every measurement; `step(name)` is called as each one starts (progress display)."""
     step("repeat questions")
@@ -151,14 +205,17 @@ async def measure(vlm, llm, tool_specs: list[dict], step=lambda name: None) -> d
     concurrent = await concurrent_requests(llm, tool_specs)
     step("100 constrained tool calls")
     calls = await constrained_tool_calls(llm, tool_specs)
+    step("cached vs cold output")
+    cold = await cached_equals_cold(vlm, llm, tool_specs)
     return {
         "repeat_question_cached_fraction": round(repeat["fraction"], 4),
         "stage2_cached_fraction": round(stage2["fraction"], 4),
         "turn_cached_fraction": round(turns["fraction"], 4),
         "concurrent_requests_ok": f"{concurrent['completed']}/{concurrent['n']}",
         "constrained_tool_calls_parsed": f"{calls['parsed']}/{calls['n']}",
+        "cached_equals_cold": cold["ok"],
         "raw": {"repeat_question": repeat, "stage2": stage2, "turns": turns,
-                "concurrent": concurrent, "tool_calls": calls},
+                "concurrent": concurrent, "tool_calls": calls, "cached_vs_cold": cold},
     }
 
 
@@ -195,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     profile = args.profile or ("(from config)" if args.config else DEFAULT_PROFILE)
     report = {"profile": profile, "vlm": vlm_spec.name, "llm": llm_spec.name, "block_size": None}
     started = []
-    with tqdm(total=7, desc="bench kv", unit="step", file=sys.stderr) as bar:
+    with tqdm(total=8, desc="bench kv", unit="step", file=sys.stderr) as bar:
         def step(name: str) -> None:       # marks the previous step done, shows the next one
             if started:
                 bar.update(1)
@@ -215,13 +272,18 @@ def run(args: argparse.Namespace) -> int:
                 llm.shutdown()
         finally:
             vlm.shutdown()
+    report["checks"] = judge(report)
+    missed = [key for key, check in report["checks"].items() if not check["ok"]]
+    report["ok"] = not missed
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         for key, value in report.items():
-            if key != "raw":
+            if key not in ("raw", "checks"):
                 print(f"{key:34s} {value}")
-    return 0
+    if missed:
+        print(f"medclaw bench kv: target missed: {', '.join(missed)}", file=sys.stderr)
+    return 0 if not missed else 1
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                "decode speed / memory / frame accuracy vs qwen-vl-utils and ffmpeg"),
     "kv": ("medclaw.bench.kv:register",
            "prefix-cache reuse across questions, stages and turns on the configured preset"),
+    "routing": ("medclaw.bench.routing:register",
+                "prefix-cache hit rate over several vLLM servers: cache-aware vs least-in-flight"),
     "e2e": ("medclaw.bench.e2e:register",
             "end-to-end episodes: sequential vs concurrent throughput on shared engines"),
 }

@@ -14,9 +14,9 @@ Contract:
   lets the remote backend state each request's real sampling fps (and `num_frames: -1` again: a
   request that names only `fps` makes vLLM drop the server's `num_frames`). Extra vLLM arguments
   are appended verbatim and win over these (argparse keeps the last value).
-- `server_env()` → the environment: MedClaw's offline variables plus `VLLM_HOST_IP=127.0.0.1`
-  unless set (vLLM otherwise discovers its IP by connecting a UDP socket to 8.8.8.8 in every
-  engine process; multi-node Ray deployments set it to the node's address themselves).
+- `server_env()` → the environment: MedClaw's offline variables, `VLLM_HOST_IP=127.0.0.1` among
+  them (vLLM otherwise discovers its IP by connecting a UDP socket to 8.8.8.8 in every engine
+  process; a multi-node Ray deployment runs `vllm serve` with the node's address itself).
 - `role_config(spec, url, role)` → YAML lines for `medclaw.yaml` that put `role` on the server.
 - `serve(spec, options)` prints those lines on stdout, then replaces this process with the server
   (signals go straight to vLLM; its logs go to stderr).
@@ -146,7 +146,8 @@ def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
 
 
 # `extra:` keys read by the remote backend (client side), never engine arguments
-REMOTE_ONLY_EXTRA = frozenset({"served_model_name", "timeout_s", "jpeg_quality"})
+REMOTE_ONLY_EXTRA = frozenset({"served_model_name", "timeout_s", "jpeg_quality", "routing",
+                               "per_request_seed"})
 
 
 def server_env(base: dict | None = None) -> dict:
@@ -155,7 +156,7 @@ def server_env(base: dict | None = None) -> dict:
 
     env = dict(os.environ if base is None else base)
     env.update(OFFLINE_ENV)
-    env.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    env["VLLM_HOST_IP"] = "127.0.0.1"       # one server, this host (also in OFFLINE_ENV)
     env.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")    # stdout: the config lines only
     return env
 
@@ -176,13 +177,18 @@ def default_role(spec: ModelSpec) -> str:
     return VLM_ROLE if is_multimodal(spec.path) else LLM_ROLE
 
 
-def role_config(spec: ModelSpec, url: str, role: str, is_preset: bool) -> str:
-    """`medclaw.yaml` lines that put `role` on this server (the remote backend)."""
-    if is_preset:
-        entry = f"{{preset: {spec.name}, backend: remote, endpoints: [{json.dumps(url)}]}}"
-    else:
-        entry = (f"{{path: {json.dumps(spec.path)}, backend: remote, endpoints: [{json.dumps(url)}], "
-                 f"extra: {{served_model_name: {json.dumps(spec.name)}}}}}")
+def role_config(spec: ModelSpec, url: str, role: str, is_preset: bool, on_cpu: bool = False) -> str:
+    """`medclaw.yaml` lines that put `role` on this server (the remote backend). A CPU-build
+    server gets no per-request seeds: vLLM 0.32's CPU sampler dies on a seeded request whose
+    prefill is chunked (the in-process backend seeds once per engine there too)."""
+    extra = {} if is_preset else {"served_model_name": spec.name}
+    if on_cpu:
+        extra["per_request_seed"] = False
+    fields = [f"preset: {spec.name}" if is_preset else f"path: {json.dumps(spec.path)}",
+              "backend: remote", f"endpoints: [{json.dumps(url)}]"]
+    if extra:
+        fields.append("extra: {" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in extra.items()) + "}")
+    entry = "{" + ", ".join(fields) + "}"
     return "\n".join([
         f"# medclaw.yaml: put {role} on this server (more servers: add their URLs to endpoints)",
         "models:",
@@ -202,7 +208,8 @@ def serve(spec: ModelSpec, options: ServeOptions, role: str, is_preset: bool,
     import shlex
 
     command = server_command(spec, options)
-    print(role_config(spec, endpoint_url(options), role, is_preset), flush=True)
+    on_cpu = vllm_is_cpu_build() if options.on_cpu is None else options.on_cpu
+    print(role_config(spec, endpoint_url(options), role, is_preset, on_cpu), flush=True)
     if dry_run:
         print("# command: " + shlex.join(command), flush=True)
         return 0

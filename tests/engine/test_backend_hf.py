@@ -71,6 +71,16 @@ async def test_text_request_on_tiny_llm_is_deterministic(hf_llm):
     assert hf_llm.supports_json_schema == (importlib.util.find_spec("xgrammar") is not None)
 
 
+async def test_resized_frames_are_a_fidelity_error(hf_vlm):
+    """210-px frames are not a multiple of 28: the processor resizes them to 224 (8×8 merged
+    patches, not the 7×7 planned) and the check stops the request before generating."""
+    from medclaw.engine.backends.base import FidelityError
+
+    request = Conversation("SYS").add_user("x", media=[_clip(2, side=210)]).to_request(max_tokens=2)
+    with pytest.raises(FidelityError, match=r"saw \d+ prompt tokens where MedClaw planned \d+"):
+        await hf_vlm.generate_one(request)
+
+
 async def test_text_model_rejects_media(hf_llm):
     request = Conversation("SYS").add_user("x", media=[_clip(1)]).to_request(max_tokens=2)
     with pytest.raises(ValueError, match="text-only"):

@@ -27,7 +27,7 @@ def test_engine_kwargs_from_spec(tiny_models):
     vlm = ModelSpec(name="v", path=str(tiny_models.vlm), tensor_parallel_size=2,
                     data_parallel_size=3, quantization="bnb-4bit", gpu_memory_utilization=0.5,
                     max_model_len=4096, extra={"block_size": 64, "enforce_eager": True})
-    kwargs = engine_kwargs(vlm, on_cpu=True)
+    kwargs = engine_kwargs(vlm, on_cpu=False)        # bitsandbytes in vLLM: GPU only
     assert kwargs["model"] == str(tiny_models.vlm) and kwargs["served_model_name"] == "v"
     assert (kwargs["tensor_parallel_size"], kwargs["data_parallel_size"]) == (2, 3)
     assert kwargs["quantization"] == "bitsandbytes" and kwargs["max_model_len"] == 4096
@@ -165,3 +165,29 @@ async def test_prompt_longer_than_the_context_is_a_one_line_error(llm_engine, ti
     # the engine keeps serving after the rejection
     ok = await llm_engine.generate_one(Conversation("SYS").add_user("hi").to_request(max_tokens=2))
     assert ok.num_completion_tokens == 2
+
+
+@engine_test
+async def test_cached_output_equals_cold_output(vlm_engine, llm_engine, tool_specs):
+    """bench kv's check on the shared engines: greedy output from the prefix cache is the output
+    of the same request on the engine made cold again (reset_caches)."""
+    stats = await bench_kv.cached_equals_cold(vlm_engine, llm_engine, tool_specs)
+    for model in ("vlm", "llm"):
+        assert stats[model]["was_cached"] and stats[model]["warm_cached_tokens"] > 256, stats
+        assert stats[model]["same_output"], stats
+
+
+@engine_test
+async def test_resized_frames_are_a_fidelity_error(vlm_engine, random_clip):
+    """210-px frames are not a multiple of 28: vLLM's processor resizes them to 224 (64 tokens a
+    frame pair where 49 were planned): the count differs and the request is an error."""
+    from medclaw.engine.backends.base import FidelityError
+
+    clip = MediaItem(kind="video", uuid=media_uuid("f" * 64, 0, 3, 2.0, 210 * 210),
+                     frames=random_clip(3, 4, 210, 210), fps=2.0)
+    request = Conversation("SYS").add_user("x", media=[clip]).to_request(max_tokens=2)
+    with pytest.raises(FidelityError) as info:
+        await vlm_engine.generate_one(request)
+    planned = int(str(info.value).split("planned ")[1].split(" ")[0])
+    reported = int(str(info.value).split("saw ")[1].split(" ")[0])
+    assert reported - planned == 2 * (64 - 49)

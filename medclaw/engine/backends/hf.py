@@ -2,9 +2,12 @@
 
 Contract:
 - `TransformersBackend(spec)` loads the model with accelerate's `device_map="auto"` (GPUs, then
-  CPU RAM), `torch_dtype="auto"`. `spec.quantization` "bnb-4bit" / "bnb-8bit" quantises on load
-  with bitsandbytes (needs the `bitsandbytes` package and CUDA: a clear `ConfigError` otherwise);
-  pre-quantised checkpoints (awq / gptq / fp8) load through their own `quantization_config`.
+  CPU RAM), `torch_dtype="auto"`. `spec.quantization` "bnb-4bit" (= "bitsandbytes") / "bnb-8bit"
+  quantises on load with bitsandbytes, on GPU or CPU (needs the `bitsandbytes` package: a clear
+  `ConfigError` otherwise); pre-quantised checkpoints (awq / gptq / fp8) load through their own
+  `quantization_config`, which must match the spec (`models.quantization`). After loading,
+  `self.quantization` is what the model really carries (bitsandbytes layers counted): asking for
+  bitsandbytes and getting full precision is an error, never served.
 - VLMs (a `vision_config` in config.json) load with `AutoModelForImageTextToText` and their
   processor; video parts go in as already-sampled frames (`do_sample_frames=False`), image parts
   as arrays. Text models load with `AutoModelForCausalLM`.
@@ -55,8 +58,6 @@ def _bnb_config(spec: ModelSpec):
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError(f"model {spec.name!r}: quantization {spec.quantization} needs the "
                           "bitsandbytes package (pip install bitsandbytes)")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"model {spec.name!r}: quantization {spec.quantization} needs a CUDA GPU")
     from transformers import BitsAndBytesConfig
 
     options = dict(options)
@@ -80,8 +81,10 @@ class TransformersBackend(Backend):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, \
             AutoTokenizer
 
+        from medclaw.models.quantization import check_transformers, expect_quantized
         from medclaw.models.store import revision_hash
 
+        check_transformers(spec)
         self.spec = spec
         self.model_name = spec.name
         self.model_revision = revision_hash(spec.path)
@@ -91,6 +94,7 @@ class TransformersBackend(Backend):
             load_kwargs["quantization_config"] = quantization
         model_class = AutoModelForImageTextToText if self.is_multimodal else AutoModelForCausalLM
         self.model = model_class.from_pretrained(spec.path, **load_kwargs).eval()
+        self.quantization = expect_quantized(spec, self.model)     # what was really loaded
         self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
         self._plan = PromptPlan(self.tokenizer, spec.name)
         self.processor = AutoProcessor.from_pretrained(spec.path) if self.is_multimodal else None
@@ -132,11 +136,11 @@ class TransformersBackend(Backend):
         """(processor inputs, planned prompt tokens) for `request`."""
         text = self._render(request)
         media = media_in_order(request)
+        if media and self.processor is None:
+            raise ValueError(f"model {self.model_name!r} is text-only; the request carries media")
         planned = self._plan.planned_tokens(text, media)
         if not media:
             return self.tokenizer([text], return_tensors="pt", add_special_tokens=False), planned
-        if self.processor is None:
-            raise ValueError(f"model {self.model_name!r} is text-only; the request carries media")
         videos = [item for item in media if item.kind == "video"]
         images = [item.frames for item in media if item.kind == "image"]     # (H, W, 3) each
         kwargs = {}

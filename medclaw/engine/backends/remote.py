@@ -36,7 +36,9 @@ config lines for this backend). Contract:
   per `spec.output_format`.
 - The HTTP client ignores proxy environment variables (`trust_env=False`): requests go to the
   configured endpoints and nowhere else. `spec.extra`: `served_model_name` (default `spec.name`),
-  `timeout_s` (600), `jpeg_quality` (90), `routing` (affinity | least_in_flight).
+  `timeout_s` (600), `jpeg_quality` (90), `routing` (affinity | least_in_flight),
+  `per_request_seed` (true; false for a CPU-build server, whose engine dies on a seeded request
+  with a chunked prefill — `medclaw models serve` prints it so there).
 
 The model folders must be on every node (`medclaw models import` + `verify`); nothing is fetched.
 """
@@ -139,6 +141,7 @@ class RemoteBackend(Backend):
         self.timeout_s = float(spec.extra.get("timeout_s", DEFAULT_TIMEOUT_S))
         self.jpeg_quality = int(spec.extra.get("jpeg_quality", DEFAULT_JPEG_QUALITY))
         self.chat_template_kwargs = dict(spec.chat_template_kwargs)
+        self.per_request_seed = bool(spec.extra.get("per_request_seed", True))
         self.model_revision = revision_hash(spec.path)
         self._tokenizer = load_chat_tokenizer(spec.path)
         self._plan = PromptPlan(self._tokenizer, spec.name)
@@ -224,7 +227,7 @@ class RemoteBackend(Backend):
             messages.append({"role": message["role"], "content": content})
         body: dict = {"model": self.served_model_name, "messages": messages,
                       "max_tokens": request.max_tokens, "temperature": request.temperature}
-        if request.seed is not None:
+        if request.seed is not None and self.per_request_seed:
             body["seed"] = request.seed
         if request.json_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
@@ -273,10 +276,10 @@ class RemoteBackend(Backend):
             finally:
                 self._release(index)
             result = self._result(response, url, time.perf_counter() - started)
-            self._remember(index, media)
             with self._lock:
                 self.requests_served[index] += 1
             check_prompt_tokens(self.model_name, request, planned, result.num_prompt_tokens)
+            self._remember(index, media)
             return result
         raise EngineLostError(f"model {self.model_name!r}: cannot reach {', '.join(unreachable)}")
 

@@ -40,10 +40,12 @@ from medclaw.engine.backends.base import (
 )
 from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError, EngineLostError, first_line
+from medclaw.models.quantization import check_vllm_loaded, vllm_quantization
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult
 
-# ModelSpec.quantization → vLLM's `quantization` argument
+# ModelSpec.quantization → vLLM's `quantization` argument (names only: `engine_kwargs` goes through
+# models.quantization.vllm_quantization, which also refuses what vLLM or the device cannot load)
 QUANTIZATION_TO_VLLM: dict[str | None, str | None] = {
     None: None, "awq": "awq", "gptq": "gptq", "fp8": "fp8",
     "bnb-4bit": "bitsandbytes", "bnb-8bit": "bitsandbytes", "bitsandbytes": "bitsandbytes",
@@ -73,7 +75,7 @@ def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
         "disable_log_stats": True,
         "seed": 0,
     }
-    if (quant := QUANTIZATION_TO_VLLM[spec.quantization]) is not None:
+    if (quant := vllm_quantization(spec, on_cpu)) is not None:
         kwargs["quantization"] = quant
     if is_multimodal(spec.path):
         kwargs["limit_mm_per_prompt"] = dict(DEFAULT_MM_LIMITS)
@@ -106,6 +108,7 @@ class VLLMBackend(Backend):
         self._closed = False
         self._per_request_seed = True
         self.block_size = 0            # KV block size the engine runs with (prefix-cache granularity)
+        self.quantization = None       # the method vLLM reports after loading (None: full precision)
         self._tokenizer = load_chat_tokenizer(spec.path)
         self._plan = PromptPlan(self._tokenizer, spec.name)
         self._loop = asyncio.new_event_loop()
@@ -141,6 +144,9 @@ class VLLMBackend(Backend):
             raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
         self._engine = AsyncLLM.from_engine_args(args)
         self.block_size = self._engine.vllm_config.cache_config.block_size
+        # what vLLM really loaded: a quantisation asked for and not applied is an error
+        self.quantization = self._engine.vllm_config.model_config.quantization
+        check_vllm_loaded(self.spec, self.quantization)
 
     async def _run(self, prompt: dict, params, request_id: str):
         final = None
@@ -217,6 +223,21 @@ class VLLMBackend(Backend):
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    def reset_caches(self) -> None:
+        """Drop every cached prefix, processed media item and vision-encoder output (blocking):
+        the engine is cold again, as if just started (benchmarks compare cached vs cold output)."""
+        if self._closed or self._engine is None:
+            raise RuntimeError(f"vLLM backend {self.model_name!r} is closed")
+
+        async def reset() -> None:
+            await self._engine.reset_mm_cache()
+            await self._engine.reset_encoder_cache()
+            if not await self._engine.reset_prefix_cache():
+                raise RuntimeError(f"vLLM backend {self.model_name!r}: prefix cache not reset "
+                                   "(requests still running)")
+
+        asyncio.run_coroutine_threadsafe(reset(), self._loop).result(SHUTDOWN_TIMEOUT_S)
 
     def shutdown(self) -> None:
         """Stop the engine and its loop thread (blocking; safe to call twice)."""

@@ -1,0 +1,245 @@
+"""`medclaw models serve` for real: one loopback vLLM server per test module (the tiny VLM imported
+into a model store under a preset's name, started exactly as the README says), and the remote
+backend against it — every frame of 64- and 128-frame clips reaches the model, the fidelity check
+catches a server that keeps 32, stage 2 reuses the KV without re-uploading stage 1's frames, and
+the cached tokens of a whole episode's trace equal the server's own /metrics counters."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from medclaw.cli import main
+from medclaw.models.serve import vllm_is_cpu_build
+from medclaw.engine.backends.base import FidelityError, PromptPlan, media_tokens, render_prompt
+from medclaw.requests.conversation import Conversation, media_uuid
+from medclaw.types import MediaItem
+
+PRESET = "qwen2.5-vl-7b"         # fps 2.0, like every real preset; weights: the tiny VLM
+START_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _clip(seed: int, num_frames: int, side: int = 56, fps: float = 2.0) -> MediaItem:
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(0, 256, (num_frames, side, side, 3), dtype=np.uint8)   # (T, H, W, 3)
+    sha = f"{seed:064x}"
+    return MediaItem(kind="video", uuid=media_uuid(sha, 0, num_frames - 1, fps, side * side),
+                     frames=frames, fps=fps, frame_indices=list(range(num_frames)))
+
+
+# ------------------------------------------------------------------------------ without a server
+
+def test_dry_run_prints_config_and_every_flag(medclaw_home, capsys):
+    assert main(["models", "import", PRESET, str(medclaw_home / "tiny" / "vlm")]) == 0
+    capsys.readouterr()
+    assert main(["models", "serve", PRESET, "--port", "8123", "--data-parallel-size", "2",
+                 "--dry-run", "--max-num-seqs", "8"]) == 0
+    out = capsys.readouterr().out
+    config = yaml.safe_load("\n".join(line for line in out.splitlines() if not line.startswith("#")))
+    entry = config["models"]["video_expert"]
+    assert entry.pop("extra", {}) == ({"per_request_seed": False} if vllm_is_cpu_build() else {})
+    assert entry == {"preset": PRESET, "backend": "remote", "endpoints": ["http://127.0.0.1:8123/v1"]}
+    command = out.split("# command: ", 1)[1]
+    for flag in ("--host 127.0.0.1", "--port 8123", "--enable-prefix-caching",
+                 "--enable-prompt-tokens-details", "--generation-config vllm",
+                 '"disable_any_whitespace": true', "--trust-request-mm-kwargs",
+                 "--data-parallel-size 2", "--served-model-name qwen2.5-vl-7b"):
+        assert flag in command, flag
+    assert '{"video": {"num_frames": -1, "fps": 2.0}}' in command       # all frames, dated at 2 fps
+    assert command.rstrip().endswith("--max-num-seqs 8")                   # extra flags last (win)
+
+
+def test_serve_env_is_offline_and_loopback():
+    from medclaw.models.serve import server_env
+
+    env = server_env({"PATH": "/bin"})
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert server_env({"VLLM_HOST_IP": "10.0.0.5"})["VLLM_HOST_IP"] == "127.0.0.1"
+
+
+def test_bad_input_is_one_line_before_anything_starts(medclaw_home, capsys):
+    for argv, needle in ((["models", "serve", "no-such-model"], "medclaw models import"),
+                         (["models", "serve", PRESET], "medclaw models import"),
+                         (["models", "serve", "tiny-vlm", "--port", "0"], "--port"),
+                         (["models", "serve", "tiny-vlm", "--tensor-parallel-size", "0"], ">= 1")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("medclaw: error:") and "\n" not in err and needle in err, err
+
+
+# ------------------------------------------------------------------------------ the real server
+
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory):
+    """`medclaw models serve qwen2.5-vl-7b` on 127.0.0.1 (the tiny VLM imported under that name);
+    yields (base URL, the config file it printed, the server's model store)."""
+    root = tmp_path_factory.mktemp("serve")
+    models_dir = root / "models"
+    env = dict(os.environ, MEDCLAW_MODELS_DIR=str(models_dir), VLLM_CPU_KVCACHE_SPACE="1")
+    medclaw = [sys.executable, "-c", "import sys; from medclaw.cli import main; sys.exit(main())"]
+    subprocess.run(medclaw + ["models", "import", PRESET, str(tiny_models.vlm)], env=env,
+                   check=True, capture_output=True, timeout=300)
+    port = _free_port()
+    out_path, log_path = root / "stdout.txt", root / "server.log"
+    with open(out_path, "wb") as out, open(log_path, "wb") as log:
+        server = subprocess.Popen(medclaw + ["models", "serve", PRESET, "--port", str(port)],
+                                  stdout=out, stderr=log, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"server exited ({server.returncode}):\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(2)
+        config = root / "medclaw.yaml"
+        config.write_text(out_path.read_text())          # the lines `serve` printed, verbatim
+        with pytest.MonkeyPatch.context() as patch:      # this module's store, for load_models
+            patch.setenv("MEDCLAW_MODELS_DIR", str(models_dir))
+            yield f"{url}/v1", config, log_path
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)            # the server's own process group
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@pytest.fixture(scope="module")
+def remote(served):
+    """The remote backend exactly as the printed config resolves it."""
+    from medclaw.engine.backends.remote import RemoteBackend
+    from medclaw.models.registry import load_models
+
+    spec = load_models(served[1])["video_expert"]
+    assert spec.backend == "remote" and spec.endpoints == [served[0]]
+    return RemoteBackend(spec)
+
+
+def metric(base_url: str, name: str) -> float:
+    """Sum of a Prometheus counter over its label sets, from the server's /metrics."""
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def planned(backend, request) -> int:
+    plan = PromptPlan(backend._tokenizer, backend.model_name)
+    return plan.planned_tokens(render_prompt(backend._tokenizer, request), request.media)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.parametrize("num_frames", [64, 128])
+async def test_long_clips_reach_the_model_whole(remote, num_frames):
+    clip = _clip(num_frames, num_frames)
+    request = Conversation("You watch videos.").add_user("What happens?", media=[clip]) \
+        .to_request(max_tokens=2)
+    result = await remote.generate_one(request)
+    assert media_tokens(clip) == num_frames // 2 * 2 * 2               # 56×56: 4 tokens per pair
+    assert result.num_prompt_tokens == planned(remote, request)        # every frame was seen
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_a_server_that_keeps_32_frames_is_a_fidelity_error(remote, monkeypatch, capsys):
+    """What a server with vLLM's default media settings does to a 128-frame clip, reproduced by
+    asking this server for its default per request: the check names both numbers."""
+    original = type(remote).payload
+
+    def default_frames(self, request, known=frozenset()):
+        body = original(self, request, known)
+        body["media_io_kwargs"]["video"]["num_frames"] = 32
+        return body
+
+    monkeypatch.setattr(type(remote), "payload", default_frames)
+    clip = _clip(1280, 128)
+    request = Conversation("You watch videos.").add_user("What happens?", media=[clip]) \
+        .to_request(max_tokens=2)
+    want = planned(remote, request)
+    with pytest.raises(FidelityError) as info:
+        await remote.generate_one(request)
+    assert f"saw {want - 256 + 64} prompt tokens where MedClaw planned {want}" in str(info.value)
+    assert "fidelity error" in capsys.readouterr().err
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_stage2_reuses_the_kv_without_reuploading(remote, served):
+    low, high = _clip(7, 64), _clip(8, 16, side=112)
+    conversation = Conversation("You watch videos.").add_user("Where is the clip applied?",
+                                                              media=[low])
+    hits_before = metric(served[0], "vllm:prefix_cache_hits_total")
+    first = await remote.generate_one(conversation.to_request(max_tokens=4))
+    uploaded_stage1 = remote.media_bytes_sent
+    conversation.add_assistant(first.text).add_user("That window, closer.", media=[high])
+    second = await remote.generate_one(conversation.to_request(max_tokens=4))
+    # stage 2 starts with stage 1's prompt: all of it but the last partial KV block is cached
+    assert second.num_cached_tokens >= first.num_prompt_tokens - 32, (first, second)
+    # … and the stage-1 frames went as their uuid only: stage 2 uploaded only the window
+    window_bytes = len(remote.payload(Conversation("S").add_user("q", media=[high]).to_request())
+                       ["messages"][1]["content"][0]["video_url"]["url"])
+    assert remote.media_bytes_sent - uploaded_stage1 == window_bytes
+    # the per-request figures are the server's own counters
+    hits = metric(served[0], "vllm:prefix_cache_hits_total") - hits_before
+    assert hits == first.num_cached_tokens + second.num_cached_tokens
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_episode_trace_cached_tokens_equal_server_metrics(served, synth_video, tmp_path, capsys):
+    """A whole `medclaw ask` with every generation role on the server: the trace's cached tokens
+    are exactly what the server counted."""
+    base_url, printed, log = served
+    entry = yaml.safe_load(printed.read_text())["models"]["video_expert"]
+    config = tmp_path / "all-remote.yaml"
+    config.write_text(yaml.safe_dump({"models": {role: entry for role in (
+        "orchestrator", "video_expert", "frame_verifier", "judge")}}))
+    hits_before = metric(base_url, "vllm:prefix_cache_hits_total")
+    queries_before = metric(base_url, "vllm:prefix_cache_queries_total")
+    try:
+        code = main(["ask", str(synth_video.path), "When is the clip applied?", "--config",
+                     str(config), "--max-steps", "3", "--trace-dir", str(tmp_path / "traces"),
+                     "--json"])
+    except RuntimeError:
+        print(log.read_text()[-4000:], file=sys.stderr)
+        raise
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and not result["status"].startswith("failed"), \
+        [line for line in log.read_text().splitlines() if "Error:" in line][-5:]
+    from medclaw.engine.trace import Trace
+
+    trace = Trace.load(result["trace"])
+    calls = [call for step in trace.steps
+             for call in ([step.orchestrator_call] if step.orchestrator_call else []) + step.model_calls]
+    cached = sum(call.num_cached_tokens for call in calls)
+    assert len(calls) >= 3 and cached > 0
+    assert metric(base_url, "vllm:prefix_cache_hits_total") - hits_before == cached
+    assert metric(base_url, "vllm:prefix_cache_queries_total") - queries_before == \
+        sum(call.num_prompt_tokens for call in calls)
