@@ -272,7 +272,7 @@ def _check_well_formed(trace: Trace, max_steps: int, sha256: str) -> None:
     assert trace.footer is not None
     status = trace.footer["status"]
     assert status in ("answered", "forced_answer") or status.startswith("failed: no usable answer")
-    assert 1 <= len(trace.steps) <= max_steps + 1
+    assert 1 <= len(trace.steps) <= max_steps          # the forced answer included
     for step in trace.steps:
         call = step["orchestrator_call"]
         assert call["model_name"] == "tiny-llm" and call["num_prompt_tokens"] > 0
@@ -353,3 +353,111 @@ async def test_batch_of_eight_shares_the_engines(tmp_path, synth_video, llm_engi
     assert set(map(id, runtime.live_backends().values())) <= {id(llm), id(vlm)}
     assert llm.peak >= 2, "episodes did not overlap on the shared orchestrator engine"
     await runtime.close()
+
+
+@pytest.fixture
+def llm_server(tiny_llm_spec, tmp_path):
+    """A real vLLM OpenAI-compatible server for the tiny LLM on 127.0.0.1, started exactly as
+    `medclaw models serve` starts one; yields (base URL, process). The test may kill it."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from medclaw.models.serve import ServeOptions, server_command, server_env
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "server.log"
+    env = server_env(dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"))
+    with open(log, "wb") as out:
+        server = subprocess.Popen(server_command(tiny_llm_spec, ServeOptions(port=port)),
+                                  stdout=out, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vLLM server exited ({server.returncode}):\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(2)
+        yield f"http://127.0.0.1:{port}/v1", server
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=60)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_server_killed_mid_episode_is_exit_3_with_the_trace(medclaw, monkeypatch, tmp_path,
+                                                             synth_video, tiny_llm_spec,
+                                                             llm_server, capsys):
+    """The review's case: the orchestrator's vLLM server is killed after the first step. It used
+    to come out as ConfigError (exit 2, "bad input") with no trace path and nothing on stdout."""
+    import dataclasses
+    import os
+    import signal
+
+    import medclaw.engine.runtime as runtime_module
+    from medclaw.engine.backends.remote import RemoteBackend
+    from medclaw.engine.runtime import Runtime
+    from medclaw.models.spec import ModelSpec
+    from medclaw.skills.library import SkillLibrary
+
+    url, server = llm_server
+    spec = dataclasses.replace(tiny_llm_spec, backend="remote", endpoints=[url])
+    remote = RemoteBackend(spec)
+
+    class KillsItsServer:
+        """The real remote backend; after its first answer the server process group is killed."""
+
+        supports_json_schema, supports_media = remote.supports_json_schema, remote.supports_media
+
+        async def generate(self, requests):
+            results = await remote.generate(requests)
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=60)
+            return results
+
+        async def generate_one(self, request):
+            return (await self.generate([request]))[0]
+
+        async def close(self):
+            await remote.close()
+
+    vlm = ScriptedBackend(lambda request: "[00:00-00:01] a grasper enters the view")
+    specs = {"orchestrator": spec,
+             **{role: ModelSpec(name="scripted", path=str(tmp_path), backend="fake")
+                for role in ("video_expert", "frame_verifier")}}
+    runtime = Runtime(specs, skills=SkillLibrary(),
+                      backends={"orchestrator": KillsItsServer(), "video_expert": vlm,
+                                "frame_verifier": vlm})
+    monkeypatch.setattr(runtime_module, "open_runtime", lambda **kwargs: runtime)
+    # greedy: vLLM 0.32's CPU server dies on a seeded request whose prefill is chunked
+    config = tmp_path / "medclaw.yaml"
+    config.write_text("episode:\n  orchestrator_temperature: 0.0\n")
+    rc = medclaw(["ask", str(synth_video.path), QUESTION, "--json", "--max-steps", "4",
+                  "--config", str(config), "--trace-dir", str(tmp_path / "traces")])
+    captured = capsys.readouterr()
+    assert rc == 3, captured.err
+    [line] = captured.out.splitlines()
+    out = json.loads(line)
+    assert out["status"].startswith("failed:") and "cannot reach" in out["error"]
+    assert out["steps"] == 1 and out["answer"] is None
+    assert "medclaw: error: model 'tiny-llm': cannot reach" in captured.err
+    assert f"medclaw: trace: {out['trace']}" in captured.err
+    trace = Trace.load(out["trace"])
+    assert len(trace.steps) == 1 and trace.steps[0]["orchestrator_call"]["model_name"] == "tiny-llm"
+    assert trace.footer["status"].startswith("failed: EngineLostError")
