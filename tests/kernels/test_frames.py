@@ -241,3 +241,21 @@ def test_resource_failures_are_not_called_corrupt():
         assert "not at fault" in str(made)
     made = job.corrupt(3, RuntimeError("Invalid data found when processing input"))
     assert isinstance(made, CorruptVideoError) and "frame 3" in str(made)
+
+
+def test_large_sources_wanted_small_decode_on_the_pyav_path():
+    """4K H.264 wanted at VLM size goes to PyAV (skips unwanted non-reference frames, one swscale
+    pass); small sources and full-size requests keep the configured decoder."""
+    import numpy as np
+
+    from medclaw.kernels.index import VideoIndex
+
+    def index(width, height, codec="h264"):
+        return VideoIndex("0" * 64, np.arange(10), np.array([0]), 1, 25, 10, "mp4", codec,
+                          meta={"width": width, "height": height, "rotation": 0})
+
+    src = FrameSource(decoder="torchcodec")
+    assert src._choose(index(3840, 2160), 1008, 560).name == "pyav"
+    assert src._choose(index(3840, 2160), 3840, 2160).name == "torchcodec"     # full size
+    assert src._choose(index(640, 360), 448, 252).name == "torchcodec"
+    assert src._choose(index(3840, 2160, "vp9"), 1008, 560).name == "torchcodec"
