@@ -67,10 +67,15 @@ bench: install
 	mkdir -p artifacts
 	$(VENV)/bin/medclaw video synth artifacts/bench-10min.mp4 --minutes 10 --width 640 --height 360 --fps 25
 	$(VENV)/bin/medclaw bench decode artifacts/bench-10min.mp4 --json --repeat 3 > artifacts/bench-decode.json
+	$(VENV)/bin/medclaw video synth artifacts/bench-4k.mp4 --minutes 0.2 --width 3840 --height 2160 --fps 25
+	$(VENV)/bin/medclaw bench decode artifacts/bench-4k.mp4 --json --no-baseline --repeat 3 > artifacts/bench-decode-4k.json
+	ffmpeg -nostdin -v error -y -f lavfi -i testsrc2=s=640x360:r=25:d=3600 -c:v libx264 -preset ultrafast -g 250 -pix_fmt yuv420p artifacts/hour.mp4
+	$(VENV)/bin/medclaw bench decode artifacts/hour.mp4 --cases seek,sparse --json --no-baseline --repeat 5 > artifacts/bench-decode-60min.json
+	$(PY) benchmarks/formats.py --out artifacts/bench-formats.json > /dev/null
 	$(VENV)/bin/medclaw bench kv --json > artifacts/bench-kv.json
 	$(VENV)/bin/medclaw bench e2e --json > artifacts/bench-e2e.json
 	$(PY) benchmarks/plot_decode.py artifacts/bench-decode.json artifacts/bench-decode.png
-	cat artifacts/bench-decode.json artifacts/bench-kv.json artifacts/bench-e2e.json
+	cat artifacts/bench-decode.json artifacts/bench-decode-4k.json artifacts/bench-decode-60min.json artifacts/bench-kv.json artifacts/bench-e2e.json
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache
