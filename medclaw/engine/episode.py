@@ -234,9 +234,9 @@ class _Episode:
         except BaseException as err:
             # A bug in a tool or a lost engine (the registry observes everything else): keep the
             # call that led to it in the trace, then let it propagate.
-            from medclaw.errors import LOST, describe, error_kind
+            from medclaw.errors import ABORT, LOST, describe, error_kind
 
-            what = "engine lost" if error_kind(err) == LOST else "internal error"
+            what = {LOST: "engine lost", ABORT: "cancelled"}.get(error_kind(err), "internal error")
             step.error = f"{what} in {action.tool}: {_one_line(describe(err))}"
             step.tool_latency_s = time.monotonic() - started
             self._record(step)

@@ -141,6 +141,28 @@ def test_batch_prints_one_line_per_item_and_isolates_bad_videos(medclaw, monkeyp
     assert by_id["line3"]["question"] == "What phase is at 30 s?"
 
 
+def test_batch_with_an_item_failing_at_run_time_is_exit_3(medclaw, monkeypatch, tmp_path,
+                                                         synth_video, capsys):
+    def orchestrator(request):
+        if "phase" in str(request.messages[1]["content"]):
+            raise EngineLostError("model 'scripted': cannot reach http://127.0.0.1:9/v1")
+        return FINAL
+
+    scripted_runtime(monkeypatch, orchestrator, tmp_path)
+    (tmp_path / "medclaw.yaml").write_text("profile: qwen-7b\n")           # no min_tool_steps
+    batch = tmp_path / "b.jsonl"
+    rows = [{"video": str(synth_video.path), "question": QUESTION, "id": "ok"},
+            {"video": str(synth_video.path), "question": "What phase is at 30 s?", "id": "lost"}]
+    batch.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rc = medclaw(["ask", "--batch", str(batch), "--trace-dir", str(tmp_path / "traces"),
+                  "--config", str(tmp_path / "medclaw.yaml")])
+    by_id = {row["id"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rc == 3
+    assert by_id["ok"]["status"] == "answered" and by_id["ok"]["error"] is None
+    assert by_id["lost"]["status"].startswith("failed:") and "cannot reach" in by_id["lost"]["error"]
+    assert by_id["lost"]["trace"] and Trace.load(by_id["lost"]["trace"]).footer["status"].startswith("failed")
+
+
 # --- exit statuses, one JSON result, engines before the clock (scripted models) ----------------------
 
 def test_help_documents_the_exit_statuses(medclaw, capsys):
