@@ -251,6 +251,9 @@ class Runtime:
                 "name": spec.name, "path": spec.path, "backend": spec.backend,
                 "architecture": spec.architecture,
                 "revision": self._revision(role, spec),
+                # what the live engine loaded (bitsandbytes layers counted, vLLM's report), else
+                # what the spec asks for
+                "quantization": getattr(self._by_role.get(role), "quantization", spec.quantization),
                 "shared_with": sorted(r for r, s in self.specs.items()
                                       if r != role and self.share_key(s) == self.share_key(spec)),
             }
@@ -381,6 +384,12 @@ def open_runtime(*, profile: str | None = None, config_path: str | None = None,
     frame_source_kwargs = {**decode.frame_source_kwargs(), **(frame_source_kwargs or {})}
 
     specs = load_models(config_path=config_path, profile=profile, overrides=dict(overrides or {}))
+    # On a CUDA host: engines that cannot even start (weights + KV for one full-context sequence +
+    # activations over what their GPUs give them) are refused now, in one line, not after minutes
+    # of loading. Throughput planning (concurrency) is `medclaw models plan`'s job.
+    from medclaw.models.memory_plan import check_before_start
+
+    check_before_start(specs, concurrency=1, decode_device=decode.device, name=profile or "")
     knowledge_base = None
     if kb_dir is not None:
         from medclaw.kb.search import KnowledgeBase

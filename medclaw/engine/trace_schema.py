@@ -87,6 +87,7 @@ class ModelInfo(Record):
     backend: str
     architecture: str = ""
     revision: str | None = None     # the backend's, else the store's hash; None when unknown
+    quantization: str | None = None  # what the engine loaded (bnb-4bit, awq, …); None: full precision
     shared_with: list[str] = Field(default_factory=list)   # roles served by the same engine
 
 

@@ -3,8 +3,9 @@
     plan = plan_memory(specs, gpus=parse_gpus("4x80GB"), concurrency=2)  # never raises on a misfit
     plan.fits, plan.placement, plan.table()                                # placement or the reasons
     plan_profile("qwen-72b", "4x80GB")           # the same for a shipped profile (weights need not be here)
-    check_before_start(specs, concurrency=8)     # the engine-start hook: PlanError (one line) on a CUDA
-                                                 # host where the plan does not fit; nothing on CPU hosts
+    check_before_start(specs)                    # the engine-start hook (engine.runtime.open_runtime):
+                                                 # PlanError (one line) on a CUDA host where the engines
+                                                 # cannot start; nothing on CPU hosts
 
 One engine per distinct model (roles sharing a folder share it, as `engine.runtime` does). For each
 engine, per GPU it spans (tensor parallel size t):
@@ -150,6 +151,9 @@ def count_params(config: dict) -> tuple[int, int, int]:
 def _vision_params(vision: dict | None) -> int:
     if not vision:
         return 0
+    if not all(k in vision for k in ("hidden_size", "intermediate_size", "depth", "patch_size",
+                                     "temporal_patch_size", "spatial_merge_size", "out_hidden_size")):
+        return 0                   # not a Qwen2/2.5-VL tower: its weights still count (safetensors)
     hv, iv, depth = vision["hidden_size"], vision["intermediate_size"], vision["depth"]
     channels = vision.get("in_chans", vision.get("in_channels", 3))
     patch = channels * vision["temporal_patch_size"] * vision["patch_size"] ** 2 * hv
@@ -291,7 +295,7 @@ def vision_activation_bytes(arch: Architecture, clip_tokens: int) -> int:
     """Peak activations of the vision tower over one clip: every layer holds its input, q/k/v,
     attention output and MLP (gate, up, act) for all patches; the patch embedding input too."""
     vision = arch.vision
-    if not vision or clip_tokens <= 0:
+    if not vision or clip_tokens <= 0 or not _vision_params(vision):
         return 0
     patches = clip_tokens * vision["spatial_merge_size"] ** 2
     hv, iv = vision["hidden_size"], vision["intermediate_size"]
@@ -341,7 +345,7 @@ def engine_need(roles: list[str], spec, concurrency: int) -> EngineNeed:
     extra = spec.extra or {}
     eager = bool(extra.get("enforce_eager"))
     kv_dtype = 1 if str(extra.get("kv_cache_dtype", "auto")).startswith("fp8") else arch.dtype_bytes
-    coarse, clip = largest_clip_tokens(spec) if arch.vision else (0, 0)
+    coarse, clip = largest_clip_tokens(spec) if arch.vision and _vision_params(arch.vision) else (0, 0)
     seqs = concurrency if spec.backend == "vllm" else 1        # transformers: one request at a time
     chunk = min(int(extra.get("max_num_batched_tokens", DEFAULT_BATCHED_TOKENS)), spec.max_model_len)
     if spec.backend != "vllm":
@@ -576,17 +580,40 @@ def plan_profile(profile: str | None, gpus: str | None = None, concurrency: int 
 
 
 def detect_gpus() -> list[int] | None:
-    """Total memory of each visible CUDA GPU, or None without CUDA (torch imported only if
-    already importable; CUDA is initialised only when a GPU is there)."""
-    import importlib.util
+    """Total memory of each visible NVIDIA GPU, or None without one. Asked of NVML (or, without
+    pynvml, of `nvidia-smi` in a child process) so that this process never initialises CUDA
+    before vLLM starts its workers."""
+    import os
+    import shutil
+    import subprocess
 
-    if importlib.util.find_spec("torch") is None:
-        return None
-    import torch
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    sizes: list[int] | None = None
+    try:
+        import pynvml
 
-    if not torch.cuda.is_available():
+        pynvml.nvmlInit()
+        try:
+            sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total
+                     for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:              # noqa: BLE001 — no pynvml, no driver: try nvidia-smi
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return None
+        try:
+            out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            sizes = [int(float(line)) * 2 ** 20 for line in out.split() if line.strip()]
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
+    if not sizes:
         return None
-    return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+    if visible is not None and visible.strip() != "":
+        picked = [int(i) for i in visible.split(",") if i.strip().isdigit()]
+        sizes = [sizes[i] for i in picked if i < len(sizes)]
+    return sizes or None
 
 
 def check_before_start(specs: dict, concurrency: int = 1, *, decode_device: str = "cpu",
@@ -599,7 +626,13 @@ def check_before_start(specs: dict, concurrency: int = 1, *, decode_device: str 
     gpus = gpus if gpus is not None else detect_gpus()
     if not gpus:
         return None
-    plan = plan_memory(specs, gpus, concurrency, name=name, decode_device=decode_device)
+    try:
+        plan = plan_memory(specs, gpus, concurrency, name=name, decode_device=decode_device)
+    except PlanError as err:       # an architecture the planner cannot read: vLLM's profiling decides
+        import logging
+
+        logging.getLogger(__name__).warning("GPU memory not checked before start: %s", err)
+        return None
     if not plan.fits:
         print(plan.table(), file=sys.stderr)
     return plan.raise_if_unfit()

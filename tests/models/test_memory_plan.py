@@ -179,3 +179,16 @@ def test_decoding_on_the_gpu_reserves_the_frame_cache():
 def test_unknown_model_without_a_folder_is_a_one_line_error():
     with pytest.raises(mp.PlanError, match="no local folder and no published architecture"):
         mp.architecture_of_spec(ModelSpec(name="my-own-vlm", path="/nonexistent/my-own-vlm"))
+
+
+def test_open_runtime_refuses_engines_that_cannot_start_on_the_gpus_present(tiny_models, monkeypatch):
+    """The engine-start hook in open_runtime: on a (simulated) host with one 1 GB GPU even the tiny
+    engines' fixed overhead does not fit; on this CPU host nothing is checked."""
+    from medclaw.engine.runtime import open_runtime
+
+    runtime = open_runtime(profile="tiny-cpu")                  # CPU host: no GPU, no check
+    assert runtime.live_backends() == {}
+    monkeypatch.setattr(mp, "detect_gpus", lambda: mp.parse_gpus("1x1GB"))
+    with pytest.raises(mp.PlanError, match=r"^tiny-cpu does not fit on 1x1GB: tiny-") as err:
+        open_runtime(profile="tiny-cpu")
+    assert "\n" not in str(err.value) and "overhead" in str(err.value)
