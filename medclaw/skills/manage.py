@@ -10,8 +10,8 @@ description), `view` (one skill's body), `create`, `update`. Nothing is written 
 candidates live in memory until the distillation gate keeps or drops them.
 
 The tool reads the library before it writes. A `create` whose name is taken, or whose trigger and
-description are a near-duplicate of an existing skill or candidate (word Jaccard >=
-`NEAR_DUPLICATE`), becomes an `update` of that skill — a repeated lesson refines one skill instead
+description are a near-duplicate of an existing skill or candidate (shared content words / the
+smaller word set >= `NEAR_DUPLICATE`), becomes an `update` of that skill — a repeated lesson refines one skill instead
 of adding a second copy. An update of a library skill proposes its next version; an update of a
 candidate refines that candidate in place (it stays one candidate). At most `max_candidates`
 distinct candidates; past that, `create` is refused (the model is told to update one instead).
@@ -26,10 +26,10 @@ from medclaw.skills.library import Skill, SkillError, SkillLibrary
 from medclaw.tools.base import Tool, ToolContext, ToolError
 from medclaw.types import Observation
 
-NEAR_DUPLICATE = 0.6
+NEAR_DUPLICATE = 0.7
 MAX_BODY_CHARS = 4000
 _STOP = frozenset("a an the of to in on at for and or is are was were be it its this that with "
-                  "what which when how question asks".split())
+                  "what which when how question questions asks by not use".split())
 
 
 def slug(name: str) -> str:
@@ -41,8 +41,11 @@ def _words(text: str) -> set[str]:
 
 
 def similarity(a: Skill, description: str, trigger: str) -> float:
+    """Overlap of content words (trigger + description): shared / the smaller set's size, so a
+    short paraphrase of a longer skill counts as a duplicate of it."""
     left, right = _words(f"{a.trigger} {a.description}"), _words(f"{trigger} {description}")
-    return len(left & right) / len(left | right) if left | right else 0.0
+    smaller = min(len(left), len(right))
+    return len(left & right) / smaller if smaller else 0.0
 
 
 @dataclass(slots=True)
@@ -145,28 +148,38 @@ class CandidateSet:
             raise ToolError(str(err)) from None
 
 
+_NAME = {"type": "string", "minLength": 1, "maxLength": 64,
+         "description": "skill name: lower-case words joined by '-'"}
+_DESCRIPTION = {"type": "string", "minLength": 1, "maxLength": 200,
+                "description": "one line: what the skill does"}
+_TRIGGER = {"type": "string", "minLength": 1, "maxLength": 200, "description": "one line: when to use it"}
+_TAGS = {"type": "array", "maxItems": 5, "items": {"type": "string", "minLength": 1, "maxLength": 32}}
+_BODY = {"type": "string", "minLength": 1, "maxLength": MAX_BODY_CHARS,
+         "description": "markdown: concrete steps that name the tools to call"}
+
+
+def _action(name: str, fields: dict, required: list[str] | None = None) -> dict:
+    properties = {"action": {"type": "string", "enum": [name]}, **fields}
+    return {"type": "object", "properties": properties,
+            "required": ["action", *(list(fields) if required is None else required)],
+            "additionalProperties": False}
+
+
 class SkillManageTool(Tool):
     name = "skill_manage"
     description = ("Read and write the skill library: list the skills, view one, create a new skill "
                    "or update an existing one. A create that repeats an existing skill updates it.")
-    parameters = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": ["list", "view", "create", "update"]},
-            "name": {"type": "string", "minLength": 1, "maxLength": 64,
-                     "description": "skill name: lower-case words joined by '-'"},
-            "description": {"type": "string", "minLength": 1, "maxLength": 200,
-                            "description": "one line: what the skill does"},
-            "trigger": {"type": "string", "minLength": 1, "maxLength": 200,
-                        "description": "one line: when to use it"},
-            "tags": {"type": "array", "maxItems": 5,
-                     "items": {"type": "string", "minLength": 1, "maxLength": 32}},
-            "body": {"type": "string", "minLength": 1, "maxLength": MAX_BODY_CHARS,
-                     "description": "markdown: concrete steps that name the tools to call"},
-        },
-        "required": ["action"],
-        "additionalProperties": False,
-    }
+    # One branch per action, each with the fields that action needs: constrained decoding can
+    # then only produce a complete create (a weak model cannot stop after `"action": "create"`).
+    parameters = {"anyOf": [
+        _action("list", {}),
+        _action("view", {"name": _NAME}),
+        _action("create", {"name": _NAME, "description": _DESCRIPTION, "trigger": _TRIGGER,
+                           "tags": _TAGS, "body": _BODY},
+                required=["name", "description", "trigger", "body"]),
+        _action("update", {"name": _NAME, "description": _DESCRIPTION, "trigger": _TRIGGER,
+                           "tags": _TAGS, "body": _BODY}, required=["name"]),
+    ]}
 
     def __init__(self, candidates: CandidateSet):
         self.candidates = candidates

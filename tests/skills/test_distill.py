@@ -87,8 +87,8 @@ def run(tmp_path, synth_video, orchestrator_script, judge_script, mine_n, val_n,
     return report
 
 
-GOOD = {"name": "good-skill", "description": "Re-look at the adjacent window.",
-        "trigger": "Before or after questions.", "body": "1. Call view_full_video.\n2. Call crop_video."}
+GOOD = {"name": "good-skill", "description": "Check the middle frame of each phase.",
+        "trigger": "Which phase is shown at a given time.", "body": "1. Call view_full_video.\n2. Call select_video_frame."}
 RISKY = {"name": "risky-skill", "description": "Guess from the phase timeline.",
          "trigger": "Counting questions about clips.", "body": "1. Call view_full_video only."}
 
