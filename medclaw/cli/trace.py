@@ -26,9 +26,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     from medclaw.server.export import register_html_command   # `trace html`: argparse only
 
     register_html_command(sub)
-    from medclaw.server.export import register_html_command   # `trace html`: argparse only
-
-    register_html_command(sub)
 
 
 def _show(args) -> int:
