@@ -50,6 +50,11 @@ def write_case_html(trace_path: str | os.PathLike, out_path: str | os.PathLike, 
     from medclaw.server.thumbnails import DEFAULT_MAX_SIDE, Thumbnailer
     from medclaw.server.view import build_view, frame_requests, trace_record
 
+    out = Path(out_path)
+    if not out.parent.is_dir():
+        from medclaw.errors import ConfigError
+
+        raise ConfigError(f"cannot write {out}: folder {out.parent} does not exist")
     record = trace_record(Trace.load(trace_path))
     view = build_view(record)
     requests = frame_requests(view, shown_only=True)
@@ -65,11 +70,6 @@ def write_case_html(trace_path: str | os.PathLike, out_path: str | os.PathLike, 
             if owner:
                 thumbnailer.close()
     page = case_page(view, thumbs, source=Path(trace_path).name)
-    out = Path(out_path)
-    if out.parent and not out.parent.is_dir():
-        from medclaw.errors import ConfigError
-
-        raise ConfigError(f"cannot write {out}: folder {out.parent} does not exist")
     tmp = out.with_name(out.name + ".part")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, out)

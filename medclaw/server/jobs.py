@@ -149,6 +149,7 @@ class JobManager:
             task.cancel()                  # the worker records the cancellation
         else:
             job = self.store.update(job_id, status="cancelled", error="cancelled before it started")
+            self._infos.pop(job_id, None)
             self._notify(job_id)
         return job
 

@@ -191,3 +191,30 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+def run_scripted_episode(tmp_path: Path, video: Path, orchestrator=orchestrator_reply) -> Path:
+    """One episode on the scripted models, without the service; returns its trace file."""
+    from medclaw.engine.config import EpisodeConfig
+    from medclaw.engine.episode import run_episode
+    from medclaw.engine.runtime import Runtime
+    from medclaw.skills.library import SkillLibrary
+
+    vlm = ScriptedBackend(vlm_reply, model_name="scripted-vlm")
+    runtime = Runtime(fake_specs(tmp_path), skills=SkillLibrary(),
+                      backends={"orchestrator": ScriptedBackend(orchestrator, model_name="scripted-llm"),
+                                "video_expert": vlm, "frame_verifier": vlm})
+
+    async def run():
+        try:
+            return await run_episode(QUESTION, str(video), runtime,
+                                     EpisodeConfig(max_steps=6, trace_dir=str(tmp_path / "traces")))
+        finally:
+            await runtime.close()
+
+    # In a thread of its own: Playwright's sync API keeps an event loop running in this one.
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(value=asyncio.run(run())))
+    worker.start()
+    worker.join()
+    return Path(result["value"].trace_path)

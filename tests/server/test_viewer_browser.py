@@ -136,3 +136,21 @@ def test_the_case_file_opens_offline_with_every_evidence_frame(browser, make_ser
     assert not blocked and not errors, (blocked, errors)
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
     context.close()
+
+
+def test_model_text_is_shown_as_text_never_run(browser, tmp_path, video_root):
+    from medclaw.server.export import write_case_html
+    from tests.server.conftest import run_scripted_episode
+    from tests.server.test_view_export import HOSTILE, hostile_orchestrator
+
+    trace = run_scripted_episode(tmp_path, video_root / "case.mp4", hostile_orchestrator)
+    out = write_case_html(trace, tmp_path / "hostile.html")
+    page = browser.new_page()
+    requests, errors = watch(page)
+    page.goto(out.as_uri())
+    page.wait_for_function(ALL_THUMBS_DECODED, timeout=30_000)
+    assert page.text_content(".answer-text") == HOSTILE
+    assert page.text_content(".thought") == HOSTILE
+    assert page.title() != "pwned" and page.locator("img[src=x]").count() == 0
+    assert not errors and all(u.startswith(("file:", "data:")) for u in requests)
+    page.close()
