@@ -3,6 +3,7 @@
     medclaw models list [--json]
     medclaw models resolve [--config FILE] [--profile NAME] [--model ROLE=PRESET_OR_PATH ...]
     medclaw models make-tiny [DIR] [--seed N]
+    medclaw models train-tiny OUT [--seed N] [--steps N]
     medclaw models import NAME SRC [--copy] [--force]
     medclaw models verify NAME
     medclaw models plan [PROFILE] [--gpus 4x80GB] [--concurrency N] [--decode-device cuda] [--json]
@@ -55,6 +56,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_make_tiny)
 
+    p = sub.add_parser("train-tiny", help="train the miniature's frame verifier on synthetic procedures (CPU)",
+                       description="Render synthetic procedures with content worth zooming into, train a "
+                       "tiny Qwen2.5-VL on the frame and region descriptions the frame tools ask for "
+                       "(transformers + accelerate, CPU), score it on held-out seeds and write "
+                       "OUT/vlm, OUT/train-report.json and OUT/MANIFEST.sha256.")
+    p.add_argument("out", help="output folder (must not exist or be empty)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the recipe's)")
+    p.set_defaults(handler=_train_tiny)
+
     p = sub.add_parser("import", help="import a local model folder into the store")
     p.add_argument("name", help="preset or model name, e.g. qwen2.5-vl-7b")
     p.add_argument("src", help="folder with config.json, weights and tokenizer files")
@@ -62,7 +73,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing model of that name")
     p.set_defaults(handler=_import)
 
-    p = sub.add_parser("verify", help="re-hash every byte of a stored model against its manifest")
+    p = sub.add_parser("verify", help="re-hash a stored model against its manifest")
     p.add_argument("name")
     p.set_defaults(handler=_verify)
 
@@ -154,6 +165,25 @@ def _make_tiny(args) -> int:
     return 0
 
 
+def _train_tiny(args) -> int:
+    from pathlib import Path
+
+    from medclaw.errors import ConfigError
+    from medclaw.models.train_tiny import STEPS, train_tiny
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out} exists and is not an empty folder; choose a new OUT")
+    steps = STEPS if args.steps is None else args.steps
+    if steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {steps}")
+    command = f"medclaw models train-tiny {args.out} --seed {args.seed}" + (
+        f" --steps {steps}" if args.steps is not None else "")
+    report = train_tiny(out, seed=args.seed, steps=steps, progress=sys.stderr.isatty(), command=command)
+    print(json.dumps(report.to_dict(), indent=2))
+    return 0
+
+
 def _import(args) -> int:
     from medclaw.models.store import import_model, revision_hash
 
@@ -181,12 +211,8 @@ def _verify(args) -> int:
     result = verify_model(args.name)
     print(json.dumps(result.to_dict(), indent=2))
     if not result.ok:
-        print(f"medclaw: model {args.name!r} does not match its manifest ({len(result.changed)} "
-              f"changed, {len(result.missing)} missing, {len(result.unexpected)} added): "
-              f"{', '.join(result.changed + result.missing + result.unexpected)}", file=sys.stderr)
-    elif result.refreshed:
-        print(f"medclaw: every byte matches; recorded new file times for "
-              f"{', '.join(result.refreshed)}", file=sys.stderr)
+        print(f"medclaw: model {args.name!r} does not match its manifest "
+              f"({len(result.changed)} changed, {len(result.missing)} missing)", file=sys.stderr)
     return 0 if result.ok else 1
 
 def _plan(args) -> int:

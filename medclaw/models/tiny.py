@@ -204,8 +204,10 @@ def _publish(dest: Path, write) -> None:
     os.replace(tmp, dest)
 
 
-def _train_tokenizer():
-    """Byte-level BPE trained on `_CORPUS`, wrapped as a transformers fast tokenizer."""
+def _train_tokenizer(corpus=_CORPUS, vocab_size: int = BPE_VOCAB_SIZE):
+    """Byte-level BPE trained on `corpus` (default `_CORPUS`, what tiny-cpu uses), wrapped as a
+    transformers fast tokenizer. The trained miniature (`models.train_tiny`) passes a corpus of
+    its own prompts and targets, so they are short in tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -213,10 +215,10 @@ def _train_tokenizer():
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS),
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    bpe.train_from_iterator(list(_CORPUS) * 4, trainer=trainer)
+    bpe.train_from_iterator(list(corpus) * 4, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=list(SPECIAL_TOKENS[1:]), model_max_length=TEXT_SIZES["max_position_embeddings"],

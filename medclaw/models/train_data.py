@@ -1,0 +1,199 @@
+"""Training and evaluation samples for the trained miniature's VLM (`models.train_tiny`).
+
+A sample is exactly what a tool sends the frame verifier, and what it should have answered:
+
+    Sample(system, prompt, image (H, W, 3) uint8, target, meta)
+
+- `select_video_frame`: the whole frame at the role's image budget (`tools.media.image_size`),
+  `tools.prompts.frame_prompt(t, index, query)`; target `frame_target` (what is on screen).
+- `crop_video_frame`: a normalised region cut from the full-resolution frame and sized like the
+  tool sizes it (source resolution within the budget), `tools.prompts.region_prompt`; target
+  `region_target` (what lies in the region).
+
+Pixels come from the synthetic videos decoded with PyAV and cut/resized with the kernels' own
+`ops.crop_box_to_pixels` + `ops.resize_crop`, the path `FrameSource` takes. Targets come from the
+ground truth (`synth.truth`, `synth.zoom`), never from pixels. The only way a description can be
+right is by seeing: at the whole-frame size a look-alike's mark is about 2 pixels, in a region
+about 6.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS, ZoomOptions
+
+QUERIES = (                        # what an orchestrator asks a frame tool; the reply is the same
+    "Which small object is there?",
+    "Dissector or bipolar?",
+    "Describe what is visible.",
+    "Which instruments are visible?",
+    "Is there a cautery flash?",
+    "What is in this region?",
+)
+NOTHING = "nothing of note"
+WIDTH, HEIGHT, FPS = 320, 180, 25
+
+
+@dataclass(slots=True)
+class Sample:
+    system: str
+    prompt: str
+    image: object                      # (H, W, 3) uint8 numpy
+    target: str
+    meta: dict = field(default_factory=dict)
+
+
+def _label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def _on(items, frame: int) -> list[dict]:
+    return [v for v in items if v["start_frame"] <= frame < v["end_frame"]]
+
+
+def _flash_on(gt, frame: int) -> bool:
+    return any(f["frame"] <= frame < f["end_frame"] for f in gt.zoom.get("flashes", []))
+
+
+def frame_target(gt, frame: int) -> str:
+    """What the frame verifier should say about a whole frame."""
+    visits = _on(gt.zoom.get("visits", []), frame)
+    small = [_label(v["name"]) for v in visits if v["kind"] == "small"]
+    left = [_label(v["name"]) for v in visits if v["kind"] == "look_alike"]
+    instruments = [_label(n) for n in gt.instruments_at(frame)]
+    return "\n".join([
+        f"phase: {gt.phase_at(frame)}",
+        f"instruments: {', '.join(instruments) or 'none'}",
+        f"small object: {', '.join(small) or 'none'}",
+        f"left instrument: {', '.join(left) or 'none'}",
+        f"flash: {'yes' if _flash_on(gt, frame) else 'no'}",
+    ])
+
+
+def _centre_in(box, region) -> bool:
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return region[0] <= cx <= region[2] and region[1] <= cy <= region[3]
+
+
+def region_target(gt, frame: int, region) -> str:
+    """What lies in `region` (normalised x1, y1, x2, y2): the zoom objects centred in it."""
+    lines = []
+    for v in _on(gt.zoom.get("visits", []), frame):
+        if _centre_in(v["box"], region):
+            key = "small object" if v["kind"] == "small" else "left instrument"
+            lines.append(f"{key}: {_label(v['name'])}")
+    for f in gt.zoom.get("flashes", []):
+        if f["frame"] <= frame < f["end_frame"] and _centre_in(f["box"], region):
+            lines.append("flash: yes")
+    return "\n".join(sorted(lines)) or NOTHING
+
+
+def read_field(text: str, key: str) -> str | None:
+    """The value after `key:` in a description (first such line), or None."""
+    for line in (text or "").splitlines():
+        head, _, value = line.partition(":")
+        if head.strip().lower() == key:
+            return value.strip().lower()
+    return None
+
+
+def render(out_dir, seeds, minutes: float = 0.5):
+    """Render zoom videos for `seeds`; returns [(SynthVideo, frames (T, H, W, 3) uint8)]."""
+    import av
+    import numpy as np
+
+    from medclaw.synth.video import synthesize
+
+    videos = []
+    for seed in seeds:
+        video = synthesize(f"{out_dir}/train-{seed}.mp4", minutes=minutes, seed=seed, width=WIDTH,
+                           height=HEIGHT, fps=FPS, zoom=ZoomOptions.all(), progress=False)
+        with av.open(str(video.path)) as container:
+            frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+        if len(frames) != video.gt.num_frames:
+            raise RuntimeError(f"decoded {len(frames)} frames of {video.gt.num_frames} in {video.path}")
+        videos.append((video, frames))
+    return videos
+
+
+def view(frames, index: int, spec, box=None):
+    """The pixels a frame tool sends for `frames[index]` (optionally a region), like
+    `tools.media.load_frame` sizes them."""
+    import torch
+
+    from medclaw.kernels.ops import crop_box_to_pixels, resize_crop
+    from medclaw.tools.media import image_size
+
+    h, w = frames.shape[1:3]
+    crop_px = crop_box_to_pixels(box, w, h) if box is not None else None
+    src_w, src_h = (w, h) if box is None else ((box[2] - box[0]) * w, (box[3] - box[1]) * h)
+    out_w, out_h = image_size(max(1, round(src_w)), max(1, round(src_h)),
+                              spec.min_pixels, spec.max_pixels)
+    clip = torch.from_numpy(frames[index:index + 1])                   # (1, H, W, 3)
+    return resize_crop(clip, out_w, out_h, crop_px)[0].numpy()          # (h, w, 3)
+
+
+def frame_sample(gt, frames, index: int, spec, query: str) -> Sample:
+    from medclaw.tools import prompts
+
+    return Sample(prompts.FRAME_VERIFIER_SYSTEM,
+                  prompts.frame_prompt(index / gt.fps, index, query),
+                  view(frames, index, spec), frame_target(gt, index),
+                  {"tool": "select_video_frame", "frame": index})
+
+
+def region_sample(gt, frames, index: int, spec, region, query: str) -> Sample:
+    from medclaw.tools import prompts
+
+    region = tuple(round(float(v), 2) for v in region)
+    return Sample(prompts.FRAME_VERIFIER_SYSTEM,
+                  prompts.region_prompt(index / gt.fps, index, region, query),
+                  view(frames, index, spec, region), region_target(gt, index, region),
+                  {"tool": "crop_video_frame", "frame": index, "region": region})
+
+
+def _jitter(box, rng, amount: float):
+    x1, y1, x2, y2 = (b + rng.uniform(-amount, amount) for b in box)
+    x1, y1 = max(0.0, x1), max(0.0, y1)
+    x2, y2 = min(1.0, max(x2, x1 + 0.05)), min(1.0, max(y2, y1 + 0.05))
+    return x1, y1, x2, y2
+
+
+def random_sample(videos, spec, rng) -> Sample:
+    """One training sample: a frame or a region, biased to frames with something to zoom into."""
+    video, frames = videos[int(rng.integers(len(videos)))]
+    gt = video.gt
+    zoom_items = gt.zoom["visits"] + [dict(f, start_frame=f["frame"]) for f in gt.zoom["flashes"]]
+    if rng.uniform() < 0.7 and zoom_items:
+        item = zoom_items[int(rng.integers(len(zoom_items)))]
+        index = int(rng.integers(item["start_frame"], item["end_frame"]))
+    else:
+        item, index = None, int(rng.integers(gt.num_frames))
+    query = QUERIES[int(rng.integers(len(QUERIES)))]
+    if rng.uniform() < 0.3:
+        return frame_sample(gt, frames, index, spec, query)
+    if item is not None and rng.uniform() < 0.85:
+        box = _jitter(item["box"], rng, 0.02)
+    else:                                       # any other region: mostly nothing of note
+        x1, y1 = rng.uniform(0, 0.8), rng.uniform(0.1, 0.8)
+        box = (x1, y1, min(1.0, x1 + rng.uniform(0.08, 0.3)), min(1.0, y1 + rng.uniform(0.08, 0.3)))
+    return region_sample(gt, frames, index, spec, box, query)
+
+
+def corpus() -> list[str]:
+    """Texts the miniature's tokenizer is trained on: the tools' prompts and the targets' words,
+    so a prompt and a description are a handful of tokens each."""
+    from medclaw.synth.truth import INSTRUMENTS, PHASES
+    from medclaw.tools import prompts
+
+    texts = [prompts.FRAME_VERIFIER_SYSTEM, prompts.VIDEO_EXPERT_SYSTEM, *QUERIES, NOTHING]
+    for k in range(40):
+        t = k * 1.7
+        texts.append(prompts.frame_prompt(t, int(t * FPS), QUERIES[k % len(QUERIES)]))
+        texts.append(prompts.region_prompt(t, int(t * FPS), (0.61, 0.39, 0.71, 0.57),
+                                           QUERIES[k % len(QUERIES)]))
+    names = [_label(n) for n in [*INSTRUMENTS, *SMALL_OBJECTS, *LOOK_ALIKES]]
+    texts += [f"phase: {p}" for p in PHASES]
+    texts += [f"instruments: {n}" for n in names] + [f"small object: {n}" for n in names]
+    texts += [f"left instrument: {n}" for n in names] + ["flash: yes", "flash: no", "none"]
+    return texts

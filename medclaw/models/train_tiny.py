@@ -1,0 +1,240 @@
+"""`medclaw models train-tiny OUT [--seed S]`: train the miniature's frame verifier on synthetic procedures.
+
+    train_tiny(out_dir, seed=0, steps=STEPS, progress=True) -> TrainReport
+
+1. Builds a tiny Qwen2.5-VL (the `models.tiny` architecture) whose byte-level BPE is trained on the
+   tools' own prompts and the description vocabulary (`train_data.corpus`), so prompts and targets
+   are a handful of tokens; tiny-cpu's checkpoints are untouched (their builder is unchanged).
+2. Renders zoom videos (`synth.zoom.ZoomOptions.all()`) for TRAIN_SEEDS and trains the VLM, with
+   transformers + accelerate on CPU, on what the frame tools ask of it at the pixels the tools
+   really send: whole frames (`select_video_frame`) and regions (`crop_video_frame`), targets
+   from the ground truth (`train_data`).
+3. Evaluates on held-out seeds (EVAL_SEEDS, never trained on): for every small-object and
+   look-alike question of those videos, the field the question needs is read from the model's
+   greedy description of (a) the whole frame and (b) the region the question is about.
+4. Writes OUT/vlm (bf16 safetensors + tokenizer + processor), OUT/train-report.json (the command,
+   the seed, the losses, the held-out accuracies) and OUT/MANIFEST.sha256 (sha256 of every file).
+
+Deterministic in `seed` on one machine and torch build (data order, init, dropout-free model);
+across machines, float reductions differ, so scores are reproducible within noise, bytes not.
+
+What this does NOT train (yet): the video expert's timelines (view_full_video, crop_video) and the
+orchestrator's tool calls; the report says so (`scope`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STEPS = 600
+BATCH = 16
+LR = 3e-3
+VISION_LR = 3e-4          # a faster vision tower blows its features up into one constant
+VOCAB_SIZE = 2048
+TRAIN_SEEDS = tuple(range(1000, 1012))
+EVAL_SEEDS = tuple(range(5000, 5006))
+MINUTES = 0.5
+# The frame verifier's budgets in the tiny-trained profile (presets.yaml: tiny-trained-vlm): a
+# whole 320x180 frame is seen at 140x84, a region at its source resolution (at least 56x56).
+MIN_PIXELS = 4 * 28 * 28
+MAX_PIXELS = 16 * 28 * 28
+MAX_NEW_TOKENS = 48
+# Held-out accuracy a trained frame verifier must reach on a zoomed region (the slow retrain test
+# and the committed checkpoint's test check it).
+TARGETS = {"small_object": 0.9, "look_alike": 0.9}
+SCOPE = ("frame verifier: whole-frame and region descriptions (select_video_frame, "
+         "crop_video_frame); not trained: video-expert timelines, orchestrator tool calls")
+
+
+@dataclass(slots=True)
+class TrainReport:
+    command: str
+    seed: int
+    steps: int
+    batch: int
+    train_seeds: list[int]
+    eval_seeds: list[int]
+    scope: str
+    wall_s: float = 0.0
+    loss_first: float = 0.0
+    loss_last: float = 0.0
+    # held-out accuracy per question kind and view: {"small_object": {"frame": .., "region": ..}}
+    accuracy: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(slots=True, frozen=True)
+class _Budget:                      # the two fields of a ModelSpec that image sizing reads
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
+
+
+def build_base(folder: Path, seed: int) -> None:
+    """The untrained miniature VLM with the prompt-and-target tokenizer (see module doc, 1)."""
+    from medclaw.models import tiny
+    from medclaw.models.train_data import corpus
+
+    tokenizer = tiny._train_tokenizer(tuple(tiny._CORPUS) + tuple(corpus()), VOCAB_SIZE)
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny._write_vlm(folder, tokenizer, seed)
+
+
+def _encode(processor, samples, with_target: bool = True):
+    """Batch tensors in the chat layout vLLM renders (system, image, text; reply after).
+
+    Right padding; the loss covers each reply's own tokens (the last ones before the padding),
+    checked against the reply tokenized alone so a tokenizer merge across the boundary fails
+    loudly instead of training on shifted labels."""
+    texts, targets = [], []
+    for s in samples:
+        messages = [{"role": "system", "content": [{"type": "text", "text": s.system}]},
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": s.prompt}]}]
+        prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        reply = s.target + "<|im_end|>"
+        texts.append(prompt + (reply if with_target else ""))
+        targets.append(processor.tokenizer(reply, add_special_tokens=False)["input_ids"])
+    processor.tokenizer.padding_side = "right" if with_target else "left"
+    batch = processor(text=texts, images=[s.image for s in samples], padding=True,
+                      return_tensors="pt")
+    if with_target:
+        ids = batch["input_ids"]                                               # (B, L)
+        labels = ids.new_full(ids.shape, -100)
+        for i, (length, target) in enumerate(zip(batch["attention_mask"].sum(1).tolist(), targets)):
+            start = length - len(target)
+            if ids[i, start:length].tolist() != target:
+                raise RuntimeError(f"reply tokens of sample {i} do not line up with the prompt's")
+            labels[i, start:length] = ids[i, start:length]
+        batch["labels"] = labels
+    return batch
+
+
+def describe(model, processor, sample) -> str:
+    """Greedy reply of `model` to one sample's prompt and image."""
+    import torch
+
+    batch = _encode(processor, [sample], with_target=False)
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    return processor.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)[0]
+
+
+def evaluate(model, processor, videos, budget=_Budget()) -> tuple[dict, dict]:
+    """Held-out accuracy of the field each zoom question needs, whole frame vs region."""
+    from medclaw.models.train_data import frame_sample, read_field, region_sample
+
+    from medclaw.models.train_data import QUERIES
+
+    fields = {"small_object": "small object", "look_alike": "left instrument"}
+    queries = {"small_object": QUERIES[0], "look_alike": QUERIES[1]}     # what the tool is asked
+    hits: dict = {}
+    for video, frames in videos:
+        gt = video.gt
+        for q in gt.zoom["qa"]:
+            if q["kind"] not in fields:
+                continue
+            index = gt.frame_at(q["evidence_times_s"][0])
+            for view, sample in (
+                    ("frame", frame_sample(gt, frames, index, budget, queries[q["kind"]])),
+                    ("region", region_sample(gt, frames, index, budget, q["box"], queries[q["kind"]]))):
+                said = read_field(describe(model, processor, sample), fields[q["kind"]])
+                hits.setdefault(q["kind"], {}).setdefault(view, []).append(said == q["answer"])
+    accuracy = {k: {v: round(sum(h) / len(h), 4) for v, h in views.items()} for k, views in hits.items()}
+    counts = {k: len(views["frame"]) for k, views in hits.items()}
+    return accuracy, counts
+
+
+def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True,
+               command: str = "") -> TrainReport:
+    import numpy as np
+    import torch
+    from accelerate import Accelerator
+    from tqdm import tqdm
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from medclaw.models.train_data import random_sample, render
+
+    out = Path(out_dir)
+    started = time.monotonic()
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    report = TrainReport(command=command or f"medclaw models train-tiny {out} --seed {seed}",
+                         seed=seed, steps=steps, batch=BATCH, train_seeds=list(TRAIN_SEEDS),
+                         eval_seeds=list(EVAL_SEEDS), scope=SCOPE)
+    with tempfile.TemporaryDirectory(prefix="medclaw-train-") as tmp:
+        base = Path(tmp) / "base"
+        build_base(base, seed)
+        processor = AutoProcessor.from_pretrained(base)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(base, dtype=torch.float32)
+        train = render(tmp, TRAIN_SEEDS, MINUTES)
+        held_out = render(tmp, EVAL_SEEDS, MINUTES)
+        accelerator = Accelerator(cpu=True)
+        groups = [{"params": [p for n, p in model.named_parameters() if ".visual." in f".{n}"],
+                   "lr": VISION_LR},
+                  {"params": [p for n, p in model.named_parameters() if ".visual." not in f".{n}"],
+                   "lr": LR}]
+        optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        warmup = max(1, steps // 20)
+        schedule = torch.optim.lr_scheduler.LambdaLR(   # linear warm-up, then cosine to 0
+            optimizer, lambda k: min(1.0, (k + 1) / warmup)
+            * 0.5 * (1 + np.cos(np.pi * min(1.0, k / max(1, steps)))))
+        model, optimizer = accelerator.prepare(model, optimizer)
+        model.train()
+        losses = []
+        bar = tqdm(range(steps), desc="train-tiny", unit="step", disable=not progress,
+                   file=sys.stderr)
+        for _ in bar:
+            batch = _encode(processor, [random_sample(train, _Budget(), rng) for _ in range(BATCH)])
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+        model = accelerator.unwrap_model(model)
+        model.eval()
+        report.loss_first = round(float(np.mean(losses[:20])), 4)
+        report.loss_last = round(float(np.mean(losses[-20:])), 4)
+        vlm = out / "vlm"
+        vlm.mkdir(parents=True, exist_ok=True)
+        for item in base.iterdir():             # tokenizer, processor, templates, generation config
+            if item.is_file() and item.suffix != ".safetensors" and item.name != "config.json":
+                (vlm / item.name).write_bytes(item.read_bytes())
+        model.to(dtype=torch.bfloat16).save_pretrained(vlm, safe_serialization=True)
+        # score what was saved (bf16), in float32 like a CPU engine computes
+        saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32).eval()
+        report.accuracy, report.counts = evaluate(saved, processor, held_out)
+    report.wall_s = round(time.monotonic() - started, 1)
+    (out / "train-report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    write_manifest(out)
+    return report
+
+
+def write_manifest(out: Path) -> Path:
+    """OUT/MANIFEST.sha256 in `sha256sum` format over every file under OUT (but itself)."""
+    lines = []
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "MANIFEST.sha256"):
+        lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(out).as_posix()}")
+    manifest = out / "MANIFEST.sha256"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def check_manifest(out: Path) -> list[str]:
+    """Files whose sha256 differs from the manifest (or are missing); [] when all match."""
+    bad = []
+    for line in (out / "MANIFEST.sha256").read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        path = out / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            bad.append(name)
+    return bad
