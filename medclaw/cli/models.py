@@ -73,7 +73,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing model of that name")
     p.set_defaults(handler=_import)
 
-    p = sub.add_parser("verify", help="re-hash a stored model against its manifest")
+    p = sub.add_parser("verify", help="re-hash every byte of a stored model against its manifest")
     p.add_argument("name")
     p.set_defaults(handler=_verify)
 
@@ -211,8 +211,12 @@ def _verify(args) -> int:
     result = verify_model(args.name)
     print(json.dumps(result.to_dict(), indent=2))
     if not result.ok:
-        print(f"medclaw: model {args.name!r} does not match its manifest "
-              f"({len(result.changed)} changed, {len(result.missing)} missing)", file=sys.stderr)
+        print(f"medclaw: model {args.name!r} does not match its manifest ({len(result.changed)} "
+              f"changed, {len(result.missing)} missing, {len(result.unexpected)} added): "
+              f"{', '.join(result.changed + result.missing + result.unexpected)}", file=sys.stderr)
+    elif result.refreshed:
+        print(f"medclaw: every byte matches; recorded new file times for "
+              f"{', '.join(result.refreshed)}", file=sys.stderr)
     return 0 if result.ok else 1
 
 def _plan(args) -> int:
