@@ -6,7 +6,8 @@ then runs the same workload twice through the remote backend, once per routing m
 content no server has seen (fresh videos and questions, so both start cold). One episode: an
 orchestrator conversation of `--turns` turns (each appends a reply and an observation), and about
 its video a view_full_video-like stage 1 + stage 2 and one more question on the same clip.
-Episodes run `--concurrency` at a time.
+Episodes run `--concurrency` at a time, after one warm-up episode per server (first-request
+set-up costs and the shared system prompt then weigh on neither mode).
 
 Reported per mode: cached / prompt tokens as the backend saw them and as the servers counted them
 (`vllm:prefix_cache_hits_total` / `…queries_total` from every server's /metrics, which must agree),
@@ -113,24 +114,38 @@ async def episode(backend, run: str, index: int, turns: int, system: str) -> lis
     from medclaw.bench.kv import VLM_SYSTEM
     from medclaw.requests.conversation import Conversation
 
-    low = _clip(f"{run}-video-{index}", 32, 112, 2.0)
-    high = _clip(f"{run}-window-{index}", 8, 224, 2.0)
+    low = _clip(f"{run}-video-{index}", 64, 224, 2.0)        # 2048 visual tokens
+    high = _clip(f"{run}-window-{index}", 16, 224, 2.0)      # 512 visual tokens (224 px: the tiny
+    # VLM processor's pixel cap; a bigger frame would be resized and fail the fidelity check)
     orchestrator = Conversation(system).add_user(f"Question {run}-{index}: when is the clip applied?")
     results = []
     for turn in range(turns):
         reply = await backend.generate_one(orchestrator.to_request(max_tokens=8))
-        results.append(reply)
+        results.append(("orchestrator", reply))
         observation = f"Observation {turn}: nothing notable in window {turn}."
         if turn == 0:       # view_full_video: stage 1, then stage 2 continues it
             video = Conversation(VLM_SYSTEM).add_user("Find the clip application.", media=[low])
             stage1 = await backend.generate_one(video.to_request(max_tokens=8))
             video.add_assistant(stage1.text).add_user("That window, closer.", media=[high])
-            results += [stage1, await backend.generate_one(video.to_request(max_tokens=8))]
+            results += [("video", stage1),
+                        ("video", await backend.generate_one(video.to_request(max_tokens=8)))]
         elif turn == 1:     # another question on the same whole-video clip
             again = Conversation(VLM_SYSTEM).add_user("Which instruments are visible?", media=[low])
-            results.append(await backend.generate_one(again.to_request(max_tokens=8)))
+            results.append(("video", await backend.generate_one(again.to_request(max_tokens=8))))
         orchestrator.add_assistant(reply.text).add_user(observation)
     return results
+
+
+async def warm_up(spec, system: str) -> None:
+    """One throwaway episode per server (one endpoint each), so neither mode pays first-request
+    costs (grammar and processor set-up) and the shared system prompt is cached everywhere."""
+    import dataclasses
+
+    from medclaw.engine.backends.remote import RemoteBackend
+
+    for i, url in enumerate(spec.endpoints):
+        one = RemoteBackend(dataclasses.replace(spec, endpoints=[url]))
+        await episode(one, "warm-up", i, 2, system)
 
 
 async def run_mode(spec, mode: str, args, system: str) -> dict:
@@ -148,8 +163,9 @@ async def run_mode(spec, mode: str, args, system: str) -> dict:
             return await episode(backend, mode, index, args.turns, system)
 
     started = time.perf_counter()
-    calls = [c for batch in await asyncio.gather(*(one(i) for i in range(args.episodes)))
-             for c in batch]
+    tagged = [c for batch in await asyncio.gather(*(one(i) for i in range(args.episodes)))
+              for c in batch]
+    calls = [c for _, c in tagged]
     wall = time.perf_counter() - started
     await asyncio.sleep(1.0)           # let the servers' metrics catch up with the last step
     after = [server_counters(url) for url in spec.endpoints]
@@ -157,8 +173,12 @@ async def run_mode(spec, mode: str, args, system: str) -> dict:
     cached = sum(c.num_cached_tokens for c in calls)
     hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before))
     queries = sum(a["queries"] - b["queries"] for a, b in zip(after, before))
+    by_kind = {kind: round(sum(c.num_cached_tokens for k, c in tagged if k == kind)
+                           / max(1, sum(c.num_prompt_tokens for k, c in tagged if k == kind)), 4)
+               for kind in ("orchestrator", "video")}
     return {"requests": len(calls), "prompt_tokens": prompt, "cached_tokens": cached,
             "hit_rate": round(cached / max(1, prompt), 4),
+            "hit_rate_orchestrator": by_kind["orchestrator"], "hit_rate_video": by_kind["video"],
             "server_hit_rate": round(hits / max(1, queries), 4),
             "server_hits": int(hits), "server_queries": int(queries),
             "requests_per_server": list(backend.requests_served),
@@ -170,6 +190,7 @@ def measure(spec, args) -> dict:
     from medclaw.engine.toolcall import describe_tools
 
     system = ORCHESTRATOR_SYSTEM + "\n\n" + describe_tools(bench_tool_specs())
+    asyncio.run(warm_up(spec, system))
     modes = {mode: asyncio.run(run_mode(spec, mode, args, system)) for mode in MODES}
     affinity, baseline = modes["affinity"], modes["least_in_flight"]
     checks = {
@@ -222,7 +243,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", help="comma-separated base URLs of running servers instead")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4, help="orchestrator turns per episode")
-    parser.add_argument("--concurrency", type=int, default=4, help="episodes in flight at once")
+    parser.add_argument("--concurrency", type=int, default=8, help="episodes in flight at once")
     parser.add_argument("--log-dir", default="artifacts/routing-logs", help="server logs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
