@@ -180,9 +180,11 @@ def create_app(manager: JobManager, settings: ServerSettings, token: str, *,
     @api.get("/jobs/{job_id}/view")
     async def view(job_id: str):
         job = manager.get(job_id)
-        path = manager.trace_path(job_id)
-        return {"job": job.to_dict(),
-                "view": build_view(await load_record(job_id)) if path is not None else None}
+        try:
+            record = await load_record(job_id)
+        except MedClawError:               # no trace yet, or its header is being written
+            return {"job": job.to_dict(), "view": None}
+        return {"job": job.to_dict(), "view": build_view(record)}
 
     @api.get("/jobs/{job_id}/frames/{key}")
     async def frame(job_id: str, key: str):
