@@ -20,6 +20,14 @@ across machines, float reductions differ, so scores are reproducible within nois
 
 What this does NOT train (yet): the video expert's timelines (view_full_video, crop_video) and the
 orchestrator's tool calls; the report says so (`scope`).
+
+Status: the recipe does not reach `TARGETS` yet, and the report says so (`targets_met`). Measured
+with 400 steps at one learning rate (3e-3) for every weight: the loss fell from 4.55 to 0.14 and
+the replies have the right form, but the held-out fields were wrong (small object 0/12 from the
+whole frame and from the region, look-alike 2/12 and 0/12): the model answers from the prior, not
+from the pixels; its vision features had grown to ~34 in norm (text embeddings ~0.25) and become
+nearly the same for every image (cosine 0.99). Hence the separate, lower `VISION_LR`; a full run
+with it has not been completed on a shared 2-core machine.
 """
 from __future__ import annotations
 
@@ -66,6 +74,7 @@ class TrainReport:
     # held-out accuracy per question kind and view: {"small_object": {"frame": .., "region": ..}}
     accuracy: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
+    targets_met: bool = False         # region accuracy >= TARGETS for every question kind
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -213,10 +222,16 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
         # score what was saved (bf16), in float32 like a CPU engine computes
         saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32).eval()
         report.accuracy, report.counts = evaluate(saved, processor, held_out)
+    report.targets_met = meets_targets(report.accuracy)
     report.wall_s = round(time.monotonic() - started, 1)
     (out / "train-report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     write_manifest(out)
     return report
+
+
+def meets_targets(accuracy: dict) -> bool:
+    """True when the region accuracy of every kind in TARGETS reaches its target."""
+    return all(accuracy.get(kind, {}).get("region", 0.0) >= target for kind, target in TARGETS.items())
 
 
 def write_manifest(out: Path) -> Path:

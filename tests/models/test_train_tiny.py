@@ -132,3 +132,11 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     for kind, target in T.TARGETS.items():
         assert report["accuracy"][kind]["region"] >= target, report["accuracy"]
         assert abs(report["accuracy"][kind]["region"] - committed["accuracy"][kind]["region"]) <= 0.25
+
+
+def test_targets_need_every_kind_on_the_region():
+    assert T.meets_targets({"small_object": {"region": 1.0, "frame": 0.0},
+                            "look_alike": {"region": 0.95, "frame": 0.5}})
+    assert not T.meets_targets({"small_object": {"region": 1.0}, "look_alike": {"region": 0.5}})
+    assert not T.meets_targets({"small_object": {"frame": 1.0, "region": 0.0}})
+    assert not T.meets_targets({})
