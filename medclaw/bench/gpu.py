@@ -200,29 +200,44 @@ def _random_model(folder: Path, device: str):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+    if next(model.parameters()).dtype != torch.bfloat16:   # a transformers that ignored `dtype`
+        model = model.to(torch.bfloat16)
     return model.eval()
 
 
 def _clip_inputs(folder: Path, clip: tuple[int, int, int], device: str) -> dict:
-    import numpy as np
-    from transformers import AutoProcessor
+    """The prefill of one video clip, built from the tokenizer and the config alone (no image or
+    video processor, so no torchvision): the chat prompt with one `<|video_pad|>` per visual
+    token, and random patch values in the vision tower's input layout (T/2·H/14·W/14, 3·2·14·14).
+    Random weights make pixel values irrelevant; shapes and token counts are the real ones."""
+    import torch
+    from transformers import AutoTokenizer
 
+    vision = json.loads((folder / "config.json").read_text())["vision_config"]
+    patch, merge = vision["patch_size"], vision["spatial_merge_size"]
+    temporal = vision["temporal_patch_size"]
     frames_n, height, width = clip
-    processor = AutoProcessor.from_pretrained(folder)
-    frames = np.random.default_rng(0).integers(0, 256, (frames_n, height, width, 3),
-                                               dtype=np.uint8)             # (T, H, W, 3)
-    text = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "video"},
-                                      {"type": "text", "text": "What happens in this video?"}]}],
-        tokenize=False, add_generation_prompt=True)
-    metadata = {"fps": 2.0, "frames_indices": list(range(0, 12 * frames_n, 12)),
-                "total_num_frames": 12 * frames_n, "duration": 6.0 * frames_n}
-    batch = processor(text=[text], videos=[frames], video_metadata=[metadata],
-                      do_sample_frames=False, return_tensors="pt").to(device)
-    grid = batch["video_grid_thw"]
-    visual_tokens = int(grid.prod(dim=-1).sum()) // 4                       # 2x2 spatial merge
-    return {"batch": batch, "visual_tokens": visual_tokens, "frames": frames, "metadata": metadata,
-            "text": text}
+    grid = (frames_n // temporal, height // patch, width // patch)
+    patches = grid[0] * grid[1] * grid[2]
+    visual_tokens = patches // merge ** 2
+    text = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+            "<|vision_start|><|video_pad|><|vision_end|>What happens in this video?<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    expanded = text.replace("<|video_pad|>", "<|video_pad|>" * visual_tokens)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    input_ids = tokenizer(expanded, return_tensors="pt", add_special_tokens=False).input_ids
+    video_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    if int((input_ids == video_id).sum()) != visual_tokens:
+        raise RuntimeError("the prompt does not hold one video token per visual token")
+    generator = torch.Generator().manual_seed(0)
+    batch = {
+        "input_ids": input_ids.to(device),                                   # (1, L)
+        "attention_mask": torch.ones_like(input_ids).to(device),
+        "pixel_values_videos": torch.randn(patches, 3 * temporal * patch * patch,
+                                           generator=generator).to(device),  # (patches, 1176)
+        "video_grid_thw": torch.tensor([grid], device=device),               # (1, 3)
+    }
+    return {"batch": batch, "visual_tokens": visual_tokens, "text": text}
 
 
 def _measure(model, inputs: dict, device: str) -> dict:
@@ -308,6 +323,7 @@ def vllm_part(device: str, tmp: Path, deadline: float, skip: set) -> dict:
     left = deadline - time.monotonic()
     if left < VLLM_MIN_LEFT_S:
         return _skipped(f"only {left:.0f} s of the time budget left (needs ~{VLLM_MIN_LEFT_S})")
+    import numpy as np
     import torch
 
     torch.cuda.empty_cache()
@@ -317,13 +333,17 @@ def vllm_part(device: str, tmp: Path, deadline: float, skip: set) -> dict:
 
     folder = build_dummy_model(GPU_MODEL, tmp / GPU_MODEL)
     inputs = _clip_inputs(folder, GPU_CLIP, "cpu")
+    frames_n, height, width = GPU_CLIP
+    frames = np.random.default_rng(0).integers(0, 256, (frames_n, height, width, 3),
+                                               dtype=np.uint8)             # (T, H, W, 3)
+    metadata = {"fps": 2.0, "frames_indices": list(range(0, 12 * frames_n, 12)),
+                "total_num_frames": 12 * frames_n, "duration": 6.0 * frames_n,
+                "do_sample_frames": False}
     start = time.perf_counter()
     llm = LLM(model=str(folder), load_format="dummy", max_model_len=32768, enforce_eager=True,
               gpu_memory_utilization=0.85, limit_mm_per_prompt={"video": 1}, seed=0)
     start_s = time.perf_counter() - start
-    metadata = {**inputs["metadata"], "do_sample_frames": False}
-    prompt = {"prompt": inputs["text"],
-              "multi_modal_data": {"video": [(inputs["frames"], metadata)]}}
+    prompt = {"prompt": inputs["text"], "multi_modal_data": {"video": [(frames, metadata)]}}
     params = SamplingParams(max_tokens=1, temperature=0.0)
     t0 = time.perf_counter()
     (output,) = llm.generate([prompt], params, use_tqdm=False)
