@@ -23,7 +23,8 @@
 - `backends` may be given pre-built per role (tests inject scripted fakes, or session engines);
   those belong to the caller: `close()` only closes what the runtime built itself. `close()`
   waits for builds still running, then closes every engine built.
-- The `encoder` role is not a generation engine: the knowledge base loads its own encoder.
+- The `encoder` role is not a generation engine: the knowledge base loads that role's model to
+  embed queries, after checking it is the model the index was built with.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from typing import Any
 from medclaw.errors import EngineLostError
 
 GENERATION_ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge")
+# What an episode calls: the judge only scores answers (medclaw eval starts it itself).
+EPISODE_ROLES = ("orchestrator", "video_expert", "frame_verifier")
 
 
 @dataclass(slots=True)
@@ -162,7 +165,7 @@ class Runtime:
         needs_start = start is not None and asyncio.iscoroutinefunction(start)
         return not needs_start or (task is not None and task.done())
 
-    async def start(self, roles=GENERATION_ROLES, *,
+    async def start(self, roles=EPISODE_ROLES, *,
                     on_engine: Callable[[EngineReady], None] | None = None) -> list[EngineReady]:
         """Make everything an episode needs ready now (see the module docstring); returns (and
         passes to `on_engine`) one `EngineReady` per engine this call had to start. Idempotent."""
@@ -264,8 +267,6 @@ class Runtime:
         backend = self._by_role.get(role)
         if getattr(backend, "model_revision", None):
             return backend.model_revision
-        if spec.extra.get("revision"):
-            return str(spec.extra["revision"])
         key = self.share_key(spec)
         if key not in self._revisions:
             from medclaw.errors import MedClawError
@@ -394,7 +395,10 @@ def open_runtime(*, profile: str | None = None, config_path: str | None = None,
     if kb_dir is not None:
         from medclaw.kb.search import KnowledgeBase
 
-        knowledge_base = KnowledgeBase.load(kb_dir)
+        # the encoder role's model embeds the queries; load() refuses one that is not the model
+        # the index was built with (its vectors would not be comparable)
+        encoder = specs["encoder"].path if "encoder" in specs else None
+        knowledge_base = KnowledgeBase.load(kb_dir, encoder=encoder)
     skills = load_skill_library(skills_dir)
     return Runtime(specs, knowledge_base=knowledge_base, skills=skills,
                    frame_source_kwargs=frame_source_kwargs)

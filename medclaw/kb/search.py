@@ -93,6 +93,8 @@ class KnowledgeBase:
             raise IndexCorruptError(
                 f"index files disagree in {folder}: faiss rows {index.ntotal}, passages "
                 f"{len(passages)}, manifest count {count}; faiss dim {index.d}, manifest dim {dim}")
+        if encoder is not None:
+            _check_same_encoder(encoder, manifest, folder)
         if use_gpu is None:
             use_gpu = getattr(faiss, "get_num_gpus", lambda: 0)() > 0
         if use_gpu:
@@ -180,3 +182,17 @@ def _read_passages(path: Path) -> list[dict]:
             raise IndexCorruptError(f"corrupt passage at {path}:{line_no}")
         rows.append(row)
     return rows
+
+
+def _check_same_encoder(encoder: str | os.PathLike, manifest: dict, folder: Path) -> None:
+    """Refuse a query encoder other than the one the index was built with: its vectors live in
+    another space, so every search would return confident nonsense. Compared by name (the
+    default model's name, else the folder name, as the manifest records it); nothing is loaded."""
+    from medclaw.kb.encoder import encoder_name, resolve_encoder_path
+
+    wanted = encoder_name(resolve_encoder_path(encoder).resolve())
+    built_with = str(manifest.get("encoder", {}).get("name"))
+    if wanted != built_with:
+        raise EncoderNotFoundError(
+            f"the configured encoder {wanted!r} is not the one the index {folder} was built with "
+            f"({built_with!r}); rebuild it with: medclaw kb build DIR --out {folder} --encoder PATH")

@@ -193,16 +193,42 @@ async def test_start_builds_every_engine_once_with_one_report_each(tmp_path, bui
     runtime = Runtime(_specs(tmp_path), knowledge_base=KB(), backends={"frame_verifier": given})
     lines = []
     ready = await runtime.start(on_engine=lambda r: lines.append(r.line()))
-    # orchestrator+judge share one engine; video_expert its own; the given frame_verifier is the
-    # caller's (already up); the KB encoder is loaded once
+    # an episode's roles only (the judge shares the orchestrator's engine anyway); video_expert
+    # its own; the given frame_verifier is the caller's (already up); the KB encoder loads once
     assert [(r.name, r.kind, r.roles) for r in ready] == [
-        ("tiny-llm", "fake", ["orchestrator", "judge"]), ("tiny-vlm", "fake", ["video_expert"]),
+        ("tiny-llm", "fake", ["orchestrator"]), ("tiny-vlm", "fake", ["video_expert"]),
         ("minilm", "encoder", ["knowledge base"])]
     assert lines == [r.line() for r in ready] and lines[0].startswith("engine tiny-llm (fake) for")
     assert len(built) == 2 and all(b.starts == 1 for b in built) and KB.warmed == 1
     assert await runtime.start() == [] and len(built) == 2 and KB.warmed == 1     # idempotent
     assert runtime.live_backends()["frame_verifier"] is given
     await runtime.close()
+
+
+async def test_start_leaves_a_separate_judge_engine_alone(tmp_path, built):
+    """`ask` never starts a judge model it does not use; `medclaw eval` asks for it by role."""
+    from medclaw.engine.runtime import GENERATION_ROLES
+
+    specs = _specs(tmp_path)
+    (tmp_path / "judge").mkdir()
+    specs["judge"] = ModelSpec(name="judge-llm", path=str(tmp_path / "judge"), backend="fake")
+    runtime = Runtime(specs)
+    ready = await runtime.start()
+    assert [r.name for r in ready] == ["tiny-llm", "tiny-vlm"] and len(built) == 2
+    ready = await runtime.start(roles=GENERATION_ROLES)
+    assert [(r.name, r.roles) for r in ready] == [("judge-llm", ["judge"])] and len(built) == 3
+    await runtime.close()
+
+
+def test_the_revision_comes_from_the_model_store_never_from_the_config(tmp_path):
+    """A config cannot claim a revision: the trace cites the store's digest of the files."""
+    from medclaw.models.store import revision_hash
+
+    specs = _specs(tmp_path)
+    specs["judge"] = ModelSpec(name="tiny-llm", path=specs["judge"].path, backend="fake",
+                               extra={"revision": "claimed-by-config"})
+    info = Runtime(specs).model_info()
+    assert info["judge"]["revision"] == revision_hash(specs["judge"].path) != "claimed-by-config"
 
 
 # --- episode config ------------------------------------------------------------------------------

@@ -184,3 +184,19 @@ def test_load_errors_are_typed_and_one_line(built, tmp_path):
         with pytest.raises(IndexCorruptError) as err:
             KnowledgeBase.load(copy)
         _assert_one_line(err)
+
+
+def test_a_query_encoder_other_than_the_index_s_is_refused_at_load(built, tmp_path):
+    """The `encoder` role names the model that embeds queries; vectors of another model are not
+    comparable with the index's, so load refuses it in one line, before anything is loaded."""
+    import shutil
+
+    from medclaw.kb.encoder import default_encoder_path
+
+    _, kb = built
+    assert KnowledgeBase.load(kb.index_dir, encoder=default_encoder_path()).manifest == kb.manifest
+    other = tmp_path / "other-encoder"
+    shutil.copytree(default_encoder_path(), other)
+    with pytest.raises(EncoderNotFoundError, match="not the one the index") as info:
+        KnowledgeBase.load(kb.index_dir, encoder=other)
+    _assert_one_line(info)
