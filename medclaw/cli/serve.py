@@ -9,7 +9,8 @@ token file and the port (bound first, so a port in use is a one-line error, not 
 the engines started). Then the engines start — progress on stderr — and only then is the first
 request served. The bearer token is created on first start in `<data dir>/token` (mode 0600);
 the page at http://HOST:PORT/ asks for it (or takes it from `#token=…` in its address).
-Ctrl-C stops the service; running jobs are queued again at the next start.
+Ctrl-C or SIGTERM stops the service (exit 0): running jobs are queued again for the next start. Exit 3:
+the engines failed to start (uvicorn prints why).
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def _handle(args) -> int:
 
 
 def _serve(sock, settings, profiles, runtimes, episode_configs, data_dir, token_file) -> int:
+    import signal
+
     import uvicorn
 
     from medclaw.server.app import create_app
@@ -94,12 +97,24 @@ def _serve(sock, settings, profiles, runtimes, episode_configs, data_dir, token_
           f"token in {token_file}; data in {data_dir})", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            lifespan="on", timeout_graceful_shutdown=10))
+    # SIGTERM (a service manager's stop) ends like Ctrl-C: uvicorn shuts down cleanly, restores this
+    # handler and raises the signal again, which lands in the `except` below.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown (engines closed,
+        # running jobs queued again): that is the normal way to stop the service.
+        print("medclaw serve: stopped; unfinished jobs run again at the next start",
+              file=sys.stderr, flush=True)
     finally:
         sock.close()
         store.close()
     return 0 if server.started else 3
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":                             # vLLM spawns processes: keep a main guard
