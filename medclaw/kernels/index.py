@@ -31,6 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from medclaw.home import medclaw_home
+from medclaw.kernels.errors import CorruptVideoError
 
 INDEX_VERSION = 1
 MEMORY_ENTRIES = 32                # indices kept in memory (one per recently used video)
@@ -202,7 +203,11 @@ def index_for(info) -> VideoIndex:
     if index is None:
         from medclaw.kernels.probe import probe_video
 
-        probe_video(info.path, assumed_fps=None if index_has_pts(info) else info.fps)
+        again = probe_video(info.path, assumed_fps=None if index_has_pts(info) else info.fps)
+        if again.sha256 != info.sha256:
+            # its frames are no longer the ones the plan (and the trace) name
+            raise CorruptVideoError(f"{info.path} changed after it was probed (SHA-256 "
+                                    f"{info.sha256[:12]}… is now {again.sha256[:12]}…)")
         index = load_index(info.sha256)
         if index is None:
             raise RuntimeError(f"{info.path}: probing did not leave an index")

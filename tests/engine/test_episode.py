@@ -481,7 +481,8 @@ def _zeroed_middle(src, dst):
 CROP = {"start_s": 20.0, "end_s": 36.0, "query": "which instrument enters"}
 
 
-@pytest.mark.parametrize("case", ["thin region on 1080p", "corrupt mid-file", "decode timeout"])
+@pytest.mark.parametrize("case", ["thin region on 1080p", "corrupt mid-file", "changed after probe",
+                                  "decode timeout"])
 async def test_what_a_tool_raises_on_the_models_arguments_is_an_observation(
         tmp_path, synth_video, hd_video, skills, case):
     import dataclasses
@@ -493,11 +494,16 @@ async def test_what_a_tool_raises_on_the_models_arguments_is_an_observation(
         video, tool = hd_video, "crop_video_frame"
         args = {"time_s": 1.0, "x1": 0, "y1": 0, "x2": 1, "y2": 0.0075, "query": "is there a clip"}
         expected = "aspect ratio"
-    elif case == "corrupt mid-file":        # the file changed after the probe, like a bad disk
+    elif case == "corrupt mid-file":        # bad bytes past the probe's test-decodes, like a bad disk
+        broken = tmp_path / "broken.mp4"
+        _zeroed_middle(synth_video.path, broken)
+        info = dataclasses.replace(probe_video(synth_video.path), path=str(broken))
+        tool, args, expected = "crop_video", CROP, "decoding failed at frame"
+    elif case == "changed after probe":     # a plan names frames of a file that is not there now
         broken = tmp_path / "broken.mp4"
         _zeroed_middle(synth_video.path, broken)
         info = dataclasses.replace(probe_video(synth_video.path), path=str(broken), sha256="b" * 64)
-        tool, args, expected = "crop_video", CROP, "cannot decode frame"
+        tool, args, expected = "crop_video", CROP, "changed after it was probed"
     else:
         frame_source = {"timeout_s": 1e-4, "cache_mb": 0}
         tool, args, expected = "crop_video", CROP, "took longer than"
