@@ -222,6 +222,7 @@ def _verify(args) -> int:
               f"{', '.join(result.refreshed)}", file=sys.stderr)
     return 0 if result.ok else 1
 
+
 def _plan(args) -> int:
     from medclaw.models.memory_plan import plan_profile
     from medclaw.models.registry import parse_overrides
