@@ -108,8 +108,8 @@ def _flag(key: str, value) -> list[str]:
 def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
     """argv of the vLLM OpenAI-compatible server for `spec` (see the module docstring)."""
     from medclaw.engine.backends.base import is_multimodal
-    from medclaw.engine.backends.vllm_local import (CPU_BLOCK_SIZE, DEFAULT_MM_LIMITS,
-                                                    QUANTIZATION_TO_VLLM)
+    from medclaw.engine.backends.vllm_local import CPU_BLOCK_SIZE, DEFAULT_MM_LIMITS
+    from medclaw.models.quantization import vllm_quantization
 
     on_cpu = vllm_is_cpu_build() if options.on_cpu is None else options.on_cpu
     args = {
@@ -121,7 +121,8 @@ def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
         "tensor_parallel_size": options.tensor_parallel_size or spec.tensor_parallel_size,
         "data_parallel_size": options.data_parallel_size or spec.data_parallel_size,
         "gpu_memory_utilization": spec.gpu_memory_utilization,
-        "quantization": QUANTIZATION_TO_VLLM[spec.quantization],
+        # the same rule as the in-process engine: refused where vLLM or the device cannot load it
+        "quantization": vllm_quantization(spec, on_cpu),
         "seed": 0,
         "enable_prefix_caching": True,
         "enable_prompt_tokens_details": True,

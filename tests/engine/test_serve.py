@@ -84,6 +84,22 @@ def test_bad_input_is_one_line_before_anything_starts(medclaw_home, capsys):
         assert err.startswith("medclaw: error:") and "\n" not in err and needle in err, err
 
 
+def test_serve_refuses_what_vllm_cannot_load_on_this_device(tiny_vlm_spec):
+    """The server gets the in-process engine's quantisation rule: bitsandbytes in vLLM needs a GPU,
+    so on CPU it is one line, never a server that silently loads full precision."""
+    import dataclasses
+
+    from medclaw.errors import ConfigError
+    from medclaw.models.serve import ServeOptions, server_command
+
+    spec = dataclasses.replace(tiny_vlm_spec, quantization="bnb-4bit")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU") as info:
+        server_command(spec, ServeOptions(on_cpu=True))
+    assert "\n" not in str(info.value)
+    command = server_command(spec, ServeOptions(on_cpu=False))
+    assert command[command.index("--quantization") + 1] == "bitsandbytes"
+
+
 # ------------------------------------------------------------------------------ the real server
 
 @pytest.fixture(scope="module")

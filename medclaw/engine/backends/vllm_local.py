@@ -44,12 +44,6 @@ from medclaw.models.quantization import check_vllm_loaded, vllm_quantization
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult
 
-# ModelSpec.quantization → vLLM's `quantization` argument (names only: `engine_kwargs` goes through
-# models.quantization.vllm_quantization, which also refuses what vLLM or the device cannot load)
-QUANTIZATION_TO_VLLM: dict[str | None, str | None] = {
-    None: None, "awq": "awq", "gptq": "gptq", "fp8": "fp8",
-    "bnb-4bit": "bitsandbytes", "bnb-8bit": "bitsandbytes", "bitsandbytes": "bitsandbytes",
-}
 # Per-prompt media limits for VLMs: view_full_video stage 2 carries the stage-1 video plus the
 # hi-res window; frame tools send a handful of images. vLLM profiles memory for this many items.
 DEFAULT_MM_LIMITS = {"video": 2, "image": 8}
