@@ -154,3 +154,21 @@ def test_model_text_is_shown_as_text_never_run(browser, tmp_path, video_root):
     assert page.title() != "pwned" and page.locator("img[src=x]").count() == 0
     assert not errors and all(u.startswith(("file:", "data:")) for u in requests)
     page.close()
+
+
+def test_the_page_asks_for_the_token_and_refuses_a_wrong_one(browser, make_service, live_server):
+    service = make_service()
+    base = live_server(service)
+    page = browser.new_page()
+    page.goto(base + "/")
+    page.wait_for_selector("#login:not([hidden])")
+    assert page.locator("#app").is_hidden()
+    page.fill("#token-input", "not-the-token")
+    page.click("#login-form button")
+    page.wait_for_selector("#notice.error")
+    assert "refused" in page.text_content("#notice") and page.locator("#app").is_hidden()
+    page.fill("#token-input", service.token)
+    page.click("#login-form button")
+    page.wait_for_selector("#app:not([hidden])")
+    assert page.locator("#profile option").all_text_contents() == ["tiny-cpu"]
+    page.close()

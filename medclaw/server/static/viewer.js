@@ -431,7 +431,10 @@
     });
     if (!api.token) { showLogin(); return; }
     let info;
-    try { info = await api.json("/api/info"); } catch (err) { if (api.token) notice(String(err.message), true); return; }
+    try { info = await api.json("/api/info"); } catch (err) {
+      if (err.message !== "unauthorised") notice(String(err.message), true);   // else: login shown
+      return;
+    }
     $("login").hidden = true;
     $("app").hidden = false;
     $("profile").replaceChildren(...info.profiles.map((p) => el("option", { value: p }, p)));
