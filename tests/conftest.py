@@ -175,3 +175,42 @@ def medclaw_home(tmp_path, monkeypatch, tiny_models):
     monkeypatch.setenv("MEDCLAW_HOME", str(home))
     monkeypatch.delenv("MEDCLAW_MODELS_DIR", raising=False)
     return home
+
+
+@pytest.fixture(scope="session")
+def hd_video(tmp_path_factory):
+    """4 s of ffmpeg's test pattern at 1920x1080 (a real 1080p H.264 file, made in a second)."""
+    import subprocess
+
+    path = tmp_path_factory.mktemp("hd") / "hd.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    "testsrc=size=1920x1080:rate=5", "-t", "4", "-c:v", "libx264", "-preset",
+                    "ultrafast", "-pix_fmt", "yuv420p", str(path)], check=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def wait_until_healthy():
+    """`wait_until_healthy(base_url, process, log_path, timeout_s=900)`: poll `/health` of a server
+    the test started until it answers 200; fail with the log's tail if the process exits first
+    or the deadline passes."""
+    import time
+    import urllib.request
+
+    def wait(base_url: str, process, log_path, timeout_s: float = 900) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"server exited ({process.returncode}):\n"
+                            f"{Path(log_path).read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server did not start:\n{Path(log_path).read_text()[-3000:]}")
+            time.sleep(2)
+
+    return wait

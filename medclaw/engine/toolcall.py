@@ -20,13 +20,12 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from medclaw.requests.output_format import split_think_answer
+from medclaw.requests.output_format import first_json_object, json_object_at, split_think_answer
 from medclaw.tools.schema import argument_problem
 
 THOUGHT_MAX_CHARS = 400          # a short rationale; long reasoning belongs in <think> (not here)
 STRING_MAX_CHARS = 256           # default cap for tool string arguments without maxLength
 ARRAY_MAX_ITEMS = 16             # default cap for arrays without maxItems
-MAX_OBJECT_STARTS = 64           # parser: candidate `{` positions tried before giving up
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?")
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -132,33 +131,7 @@ def describe_tools(tool_specs: list[dict]) -> str:
 
 # ----------------------------------------------------------------------------------------- parse
 
-_DECODER = json.JSONDecoder(strict=False)
-# strict=False: raw control characters inside strings (which xgrammar's JSON grammar lets a model
-# emit) are accepted rather than failing the whole call.
-
-
-def _object_at(text: str, start: int) -> dict | None:
-    try:
-        value, _ = _DECODER.raw_decode(text, start)
-    except (ValueError, RecursionError):          # RecursionError: absurdly nested garbage
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _first_json_object(text: str) -> dict | None:
-    """The first `{...}` in `text` that decodes to a JSON object, or None.
-
-    At most `MAX_OBJECT_STARTS` candidate braces are tried, so pathological output (thousands of
-    nested openers) costs bounded time.
-    """
-    start = text.find("{")
-    for _ in range(MAX_OBJECT_STARTS):
-        if start < 0:
-            break
-        if (value := _object_at(text, start)) is not None:
-            return value
-        start = text.find("{", start + 1)
-    return None
+_DECODER = json.JSONDecoder(strict=False)   # see output_format.first_json_object
 
 
 def _find_call(raw: str) -> dict | None:
@@ -170,15 +143,15 @@ def _find_call(raw: str) -> dict | None:
     then the first object in the answer part (outside `<think>`) and code fences, then any object at all.
     """
     stripped = raw.strip()
-    if stripped.startswith("{") and (obj := _object_at(stripped, 0)) is not None:
+    if stripped.startswith("{") and (obj := json_object_at(stripped, 0)) is not None:
         return obj
     # The one <think>/<answer> parser: the answer part, or "" when a <think> never closed (then
     # the last resort below still searches the whole reply, which may hold the call).
     without_think = split_think_answer(raw).answer
     hermes = _TOOL_CALL_RE.search(without_think)
-    if hermes is not None and (obj := _first_json_object(_FENCE_RE.sub(" ", hermes.group(1)))):
+    if hermes is not None and (obj := first_json_object(_FENCE_RE.sub(" ", hermes.group(1)))):
         return obj
-    return _first_json_object(_FENCE_RE.sub(" ", without_think)) or _first_json_object(raw)
+    return first_json_object(_FENCE_RE.sub(" ", without_think)) or first_json_object(raw)
 
 
 def _normalise(obj: dict) -> tuple[str | None, object, str]:

@@ -23,11 +23,11 @@ so failures pull the mean down instead of vanishing from it.
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from string import Template
+
+from medclaw.requests.output_format import first_json_object
 
 DIMENSIONS = ("CI", "DO", "CU", "TU")
 MIN_SCORE, MAX_SCORE = 1, 5
@@ -127,14 +127,8 @@ def load_prompt(version: str) -> tuple[str, str]:
 
 def parse_reply(text: str) -> dict | None:
     """The judge's JSON object with four in-range integer scores, or None."""
-    match = re.search(r"\{.*\}", text or "", re.DOTALL)
-    if match is None:
-        return None
-    try:
-        data = json.loads(match.group(0))
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict):
+    data = first_json_object(text or "")
+    if data is None:
         return None
     for dim in DIMENSIONS:
         value = data.get(dim)

@@ -8,15 +8,23 @@ Tolerant by contract — model output is never trusted to be well formed, and th
 a missing `<think>` opener (templates that put it in the prompt) or closer, a missing `<answer>`
 wrapper or an unclosed `<answer>` all still yield the best available split. A reply that opened
 `<think>` and never closed it (ran out of tokens) has no answer: everything is reasoning.
+
+`first_json_object(text)` finds the first JSON object in free model text (tool calls, judge
+scores, failure diagnoses all come back as one object, with whatever a model writes around it).
 """
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+MAX_OBJECT_STARTS = 64           # candidate `{` positions tried before giving up
+# strict=False: raw control characters inside strings (which xgrammar's JSON grammar lets a model
+# emit) are accepted rather than failing the whole object.
+_DECODER = json.JSONDecoder(strict=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,3 +75,30 @@ def split_output(text: str, output_format: str) -> SplitOutput:
         raise ValueError(f"unknown output_format {output_format!r}; "
                          f"choose one of {sorted(SPLITTERS)}") from None
     return splitter(text)
+
+
+# --- JSON objects in free model text (tool calls, judge scores, diagnoses) -------------------------
+
+def json_object_at(text: str, start: int) -> dict | None:
+    """The JSON object that starts at `text[start]`, or None."""
+    try:
+        value, _ = _DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):          # RecursionError: absurdly nested garbage
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def first_json_object(text: str) -> dict | None:
+    """The first `{...}` in `text` that decodes to a JSON object, or None; never raises.
+
+    At most `MAX_OBJECT_STARTS` candidate braces are tried, so pathological output (thousands of
+    nested openers) costs bounded time.
+    """
+    start = (text or "").find("{")
+    for _ in range(MAX_OBJECT_STARTS):
+        if start < 0:
+            break
+        if (value := json_object_at(text, start)) is not None:
+            return value
+        start = text.find("{", start + 1)
+    return None

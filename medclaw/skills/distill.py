@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from medclaw.requests.output_format import first_json_object
 from medclaw.skills.library import SkillLibrary, staged_library, use_library
 from medclaw.skills.manage import CandidateSet, SkillManageTool
 
@@ -117,16 +118,8 @@ def _schema_diagnosis(reason_max_chars: int) -> dict:
 
 
 def _parse_diagnosis(text: str) -> dict | None:
-    import re
-
-    match = re.search(r"\{.*\}", text or "", re.DOTALL)
-    if match is None:
-        return None
-    try:
-        data = json.loads(match.group(0))
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or data.get("category") not in CATEGORIES:
+    data = first_json_object(text or "")
+    if data is None or data.get("category") not in CATEGORIES:
         return None
     return {"category": data["category"], "reason": str(data.get("reason", ""))}
 

@@ -185,18 +185,6 @@ def test_refused_input_still_prints_one_json_result(medclaw, no_engines, tmp_pat
     assert captured.err.startswith("medclaw: error:")
 
 
-@pytest.fixture(scope="module")
-def hd_video(tmp_path_factory):
-    """4 s of ffmpeg's test pattern at 1920x1080: a real 1080p H.264 file, made in a second."""
-    import subprocess
-
-    path = tmp_path_factory.mktemp("hd") / "hd.mp4"
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
-                    "testsrc=size=1920x1080:rate=5", "-t", "4", "-c:v", "libx264", "-preset",
-                    "ultrafast", "-pix_fmt", "yuv420p", str(path)], check=True)
-    return path
-
-
 def test_a_thin_region_on_1080p_is_an_observation_not_bad_input(medclaw, monkeypatch, tmp_path,
                                                                 hd_video, capsys):
     """The review's case: x1=0, y1=0, x2=1, y2=0.0075 on a 1080p video (1920x8 source pixels)
@@ -378,15 +366,13 @@ async def test_batch_of_eight_shares_the_engines(tmp_path, synth_video, llm_engi
 
 
 @pytest.fixture
-def llm_server(tiny_llm_spec, tmp_path):
+def llm_server(tiny_llm_spec, tmp_path, wait_until_healthy):
     """A real vLLM OpenAI-compatible server for the tiny LLM on 127.0.0.1, started exactly as
     `medclaw models serve` starts one; yields (base URL, process). The test may kill it."""
     import os
     import signal
     import socket
     import subprocess
-    import time
-    import urllib.request
 
     from medclaw.models.serve import ServeOptions, server_command, server_env
 
@@ -400,19 +386,7 @@ def llm_server(tiny_llm_spec, tmp_path):
                                   stdout=out, stderr=subprocess.STDOUT, env=env,
                                   start_new_session=True)
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vLLM server exited ({server.returncode}):\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(2)
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, log)
         yield f"http://127.0.0.1:{port}/v1", server
     finally:
         if server.poll() is None:

@@ -458,17 +458,6 @@ async def test_a_stuck_engine_cannot_hang_the_episode(tmp_path, synth_video, ski
 
 # --- whatever a tool raises on the model's arguments is an observation ---------------------------
 
-@pytest.fixture(scope="module")
-def hd_video(tmp_path_factory):
-    """4 s of ffmpeg's test pattern at 1920x1080 (a real 1080p H.264 file, made in a second)."""
-    import subprocess
-
-    path = tmp_path_factory.mktemp("hd") / "hd.mp4"
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
-                    "testsrc=size=1920x1080:rate=5", "-t", "4", "-c:v", "libx264", "-preset",
-                    "ultrafast", "-pix_fmt", "yuv420p", str(path)], check=True)
-    return path
-
 
 def _zeroed_middle(src, dst):
     """A copy of `src` whose middle third of bytes are zeros (its index still intact)."""

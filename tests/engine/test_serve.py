@@ -11,9 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,7 +101,7 @@ def test_serve_refuses_what_vllm_cannot_load_on_this_device(tiny_vlm_spec):
 # ------------------------------------------------------------------------------ the real server
 
 @pytest.fixture(scope="module")
-def served(tiny_models, tmp_path_factory):
+def served(tiny_models, tmp_path_factory, wait_until_healthy):
     """`medclaw models serve qwen2.5-vl-7b` on 127.0.0.1 (the tiny VLM imported under that name);
     yields (base URL, the config file it printed, the server's model store)."""
     root = tmp_path_factory.mktemp("serve")
@@ -119,19 +117,7 @@ def served(tiny_models, tmp_path_factory):
                                   stdout=out, stderr=log, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"server exited ({server.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(2)
+        wait_until_healthy(url, server, log_path, START_TIMEOUT_S)
         config = root / "medclaw.yaml"
         config.write_text(out_path.read_text())          # the lines `serve` printed, verbatim
         with pytest.MonkeyPatch.context() as patch:      # this module's store, for load_models
