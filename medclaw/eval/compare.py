@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from medclaw.eval.report import MODES, load_mode, mode_dir, summarise
+from medclaw.eval.report import MODES, grouped_bars, load_mode, mode_dir, summarise
 
 ROLES_SHOWN = ("orchestrator", "video_expert", "frame_verifier", "judge")
 
@@ -109,16 +109,9 @@ def plot(summary: dict, path: Path) -> Path:
     columns = [*summary["columns"], *(f"all/{m}" for m in MODES)]
     runs = summary["runs"]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(columns) * max(1, len(runs)) * 0.5), 3.8))
-    width = 0.8 / max(1, len(runs))
-    for k, run in enumerate(runs):
-        values = [(run["cells"].get(c) if not c.startswith("all/") else run["overall"][c[4:]]) or 0
-                  for c in columns]
-        ax.bar([i + k * width for i in range(len(columns))], values, width, label=run["name"])
-    ax.set_xticks([i + width * (len(runs) - 1) / 2 for i in range(len(columns))], columns,
-                  rotation=30, ha="right", fontsize=8)
-    ax.set_ylim(0, 5)
-    ax.set_ylabel("judge Avg (1–5)")
-    ax.legend(fontsize=8)
+    series = [(run["name"], [(run["cells"].get(c) if not c.startswith("all/")
+                              else run["overall"][c[4:]]) or 0 for c in columns]) for run in runs]
+    grouped_bars(ax, columns, series, ylabel="judge Avg (1–5)", rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

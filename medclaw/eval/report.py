@@ -146,6 +146,20 @@ def to_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def grouped_bars(ax, columns: list[str], series: list[tuple[str, list[float]]], *, ylabel: str,
+                 **tick_style) -> None:
+    """One group of bars per column, one bar per (label, values) series (labels may repeat: two
+    runs can share a folder name); judge scores, so the axis runs to 5."""
+    width = 0.8 / max(1, len(series))
+    for k, (label, values) in enumerate(series):
+        ax.bar([i + k * width for i in range(len(columns))], values, width, label=label)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(columns))], columns,
+                  **tick_style)
+    ax.set_ylim(0, 5)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+
+
 def plot(summary: dict, path: Path) -> Path:
     """Grouped bars: per split × type, the five columns, one bar per mode."""
     import matplotlib
@@ -156,18 +170,14 @@ def plot(summary: dict, path: Path) -> Path:
     keys = sorted({(g["split"], g["type"]) for g in summary["groups"]})
     modes = [m for m in MODES if any(g["mode"] == m for g in summary["groups"])]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.6), squeeze=False)
-    width = 0.8 / max(1, len(modes))
     for ax, (split, kind) in zip(axes[0], keys):
-        for k, mode in enumerate(modes):
+        series = []
+        for mode in modes:
             g = next((g for g in summary["groups"]
                       if (g["split"], g["type"], g["mode"]) == (split, kind, mode)), None)
-            values = [(g or {}).get(c) or 0 for c in COLUMNS]
-            ax.bar([i + k * width for i in range(len(COLUMNS))], values, width, label=mode)
-        ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(COLUMNS))], COLUMNS)
-        ax.set_ylim(0, 5)
+            series.append((mode, [(g or {}).get(c) or 0 for c in COLUMNS]))
+        grouped_bars(ax, COLUMNS, series, ylabel="judge score (1–5)")
         ax.set_title(f"{split} · {kind}")
-        ax.set_ylabel("judge score (1–5)")
-        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
