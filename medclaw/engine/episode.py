@@ -45,6 +45,7 @@ from medclaw.engine.orchestrator_prompt import (
 from medclaw.engine.trace import (
     Step, TraceWriter, compute_totals, episode_header, trace_path_for,
 )
+from medclaw.requests.conversation import message_text
 from medclaw.types import DEFAULT_SEED, Observation, VideoInfo
 
 FINAL_TOOL = "final_answer"
@@ -329,10 +330,7 @@ def _next_prompt_tokens(call, turn: str) -> int:
 def _last_user_text(request) -> str:
     """The text of the turn an orchestrator call answers (its last user message), for the trace."""
     message = next(m for m in reversed(request.messages) if m["role"] == "user")
-    content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return message_text(message, sep="")
 
 
 def _obs_of(step: Step) -> Observation:

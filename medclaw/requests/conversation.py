@@ -92,3 +92,12 @@ class Conversation:
         if not any(m["role"] == "user" for m in self._messages):
             raise ValueError("a conversation needs at least one user turn before a request")
         return GenRequest(messages=self.messages, media=self.media, **sampling)
+
+
+def message_text(message: dict, sep: str = "\n") -> str:
+    """The text of one chat message: its string content, or its text parts joined by `sep`
+    (media parts carry no text)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return sep.join(part.get("text", "") for part in content if part.get("type") == "text")

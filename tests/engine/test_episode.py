@@ -18,19 +18,13 @@ from medclaw.engine.episode import BatchItem, run_batch, run_episode
 from medclaw.engine.runtime import Runtime
 from medclaw.engine.trace import Trace
 from medclaw.models.spec import ModelSpec
+from medclaw.requests.conversation import message_text as _text
 from medclaw.tools.timeline import find_windows
 
 QUESTION = "Which instrument was brought in just before the vessel was cut?"
 
 
 # --- scripted models ----------------------------------------------------------------------------
-
-def _text(message) -> str:
-    content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
-
 
 def _mmss(t: float) -> str:
     return f"{int(t // 60):02d}:{t % 60:04.1f}"

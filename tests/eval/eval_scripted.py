@@ -9,13 +9,7 @@ import asyncio
 import json
 
 from medclaw.engine.backends.fake import ScriptedBackend
-
-
-def text_of(message) -> str:
-    content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
+from medclaw.requests.conversation import message_text as text_of
 
 
 def question_of(request) -> str:

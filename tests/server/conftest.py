@@ -21,17 +21,11 @@ from pathlib import Path
 import pytest
 
 from medclaw.engine.backends.fake import ScriptedBackend
+from medclaw.requests.conversation import message_text as _text
 
 ZOOM = {"time_s": 20.0, "x1": 0.25, "y1": 0.3, "x2": 0.75, "y2": 0.9}
 EVIDENCE = [20.0, 41.0]
 QUESTION = "Which instrument is used before the vessel is cut?"
-
-
-def _text(message) -> str:
-    content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "\n".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
 def orchestrator_reply(request) -> str:
