@@ -40,9 +40,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", metavar="FILE.jsonl",
                         help='many questions: one JSON object per line {"video", "question", "id"?}')
     add_runtime_arguments(parser)
-    parser.add_argument("--decode-device", metavar="DEVICE",
-                        help="decode frames on cpu or cuda[:N] (NVDEC; default: the config's "
-                             "decode: device, else cpu)")
     parser.add_argument("--trace-dir", help="where episode traces go (default: artifacts/traces)")
     parser.add_argument("--max-steps", type=int, help="orchestrator steps before a forced answer")
     parser.add_argument("--concurrency", type=int, help="episodes in flight at once (batch)")
@@ -64,6 +61,14 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one role's model with a preset name or local folder")
     parser.add_argument("--kb", metavar="INDEX", help="knowledge-base index folder (medclaw kb build)")
     parser.add_argument("--skills", metavar="DIR", help="skill library folder (default: shipped)")
+    add_decode_device_argument(parser)
+
+
+def add_decode_device_argument(parser: argparse.ArgumentParser) -> None:
+    """--decode-device: where frames are decoded, over the config's `decode: device`."""
+    parser.add_argument("--decode-device", metavar="DEVICE",
+                        help="decode frames on cpu or cuda[:N] (NVDEC; default: the config's "
+                             "decode: device, else cpu)")
 
 
 def read_batch(path: str) -> list:

@@ -19,6 +19,8 @@ import sys
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    from medclaw.cli.ask import add_decode_device_argument
+
     parser.add_argument("--mine", required=True, metavar="M.jsonl", help="mining questions (with gold)")
     parser.add_argument("--val", required=True, metavar="V.jsonl", help="validation questions (with gold)")
     parser.add_argument("--library", required=True, metavar="DIR",
@@ -34,6 +36,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", default=[], metavar="ROLE=PATH",
                         help="override one role's model with a preset name or local folder")
     parser.add_argument("--kb", metavar="INDEX", help="knowledge-base index folder (medclaw kb build)")
+    add_decode_device_argument(parser)
     parser.add_argument("--format", default="auto",
                         choices=("auto", "medclaw", "medclawbench", "svu31k"), help="dataset format")
     parser.add_argument("--on-bad-record", choices=("stop", "skip"), default="stop",
@@ -91,7 +94,8 @@ def _handle(args) -> int:
     from medclaw.models.registry import parse_overrides
 
     runtime = open_runtime(profile=args.profile, config_path=args.config,
-                           overrides=parse_overrides(args.model), kb_dir=args.kb)
+                           overrides=parse_overrides(args.model), kb_dir=args.kb,
+                           decode_device=args.decode_device)
     missing = [r for r in ("orchestrator", "video_expert", "judge") if r not in runtime.specs]
     if missing:
         raise ConfigError(f"distillation needs a model for role(s) {missing}")

@@ -151,7 +151,7 @@ def _run(args) -> int:
     request = EvalRequest(dataset=args.dataset, out=args.out, mode=args.mode, resume=args.resume,
                           concurrency=args.concurrency, profile=args.profile, config=args.config,
                           models=list(args.model), kb=args.kb, skills=args.skills,
-                          format=args.format, on_bad_record=args.on_bad_record,
+                          decode_device=args.decode_device, format=args.format, on_bad_record=args.on_bad_record,
                           max_steps=args.max_steps, limit=args.limit)
     prepared = prepare(request, warn=lambda line: print(f"medclaw: warning: {line}", file=sys.stderr))
     return run_prepared(prepared)

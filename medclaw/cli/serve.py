@@ -57,7 +57,8 @@ def _handle(args) -> int:
     overrides = parse_overrides(args.model)
     episode_configs = {p: load_episode_config(args.config, profile=p) for p in profiles}
     runtimes = {p: open_runtime(profile=p, config_path=args.config, overrides=overrides,
-                                kb_dir=args.kb, skills_dir=args.skills) for p in profiles}
+                                kb_dir=args.kb, skills_dir=args.skills,
+                                decode_device=args.decode_device) for p in profiles}
 
     data_dir = settings.resolved_data_dir()
     try:

@@ -34,6 +34,7 @@ class EvalRequest:
     models: list[str] = field(default_factory=list)      # --model ROLE=PATH
     kb: str | None = None
     skills: str | None = None
+    decode_device: str | None = None                     # --decode-device (over the config's)
     format: str = "auto"
     on_bad_record: str = "stop"
     max_steps: int | None = None
@@ -128,7 +129,7 @@ def prepare(request: EvalRequest, warn=lambda line: None, runtime=None) -> Prepa
 
             runtime = open_runtime(profile=request.profile, config_path=request.config,
                                    overrides=parse_overrides(request.models), kb_dir=request.kb,
-                                   skills_dir=request.skills)
+                                   skills_dir=request.skills, decode_device=request.decode_device)
         missing = [role for role in MODE_ROLES[request.mode]
                    if role not in runtime.specs and role != "frame_verifier"]
         if missing:

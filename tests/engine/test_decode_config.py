@@ -71,6 +71,29 @@ def test_cuda_decoding_is_refused_on_a_cpu_host_before_engines_start(how, synth_
     assert err.count("\n") == 0 and "has no CUDA GPU" in err and "--decode-device cpu" in err
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU host accepts cuda")
+@pytest.mark.parametrize("command", ["eval", "distill", "serve"])
+def test_every_command_that_decodes_takes_decode_device(command, synth_video, tmp_path,
+                                                        monkeypatch, capsys):
+    """--decode-device reaches the frame source of eval, distill and serve too (not only ask):
+    on this CPU host `cuda` is refused by the runtime's check, not by argparse."""
+    import medclaw.engine.backends as backends_module
+    from medclaw import cli
+    from medclaw.eval.dataset import EvalRecord, write_dataset
+
+    monkeypatch.setattr(backends_module, "backend_class", lambda kind: pytest.fail("engine built"))
+    records = [EvalRecord(id=f"q{i}", video=str(synth_video.path), question="Which instrument?",
+                          gold="grasper", type="VPR", split="test") for i in range(2)]
+    data = str(write_dataset(tmp_path / "data.jsonl", records))
+    argv = {"eval": ["eval", data, "--out", str(tmp_path / "run")],
+            "distill": ["distill", "--mine", data, "--val", data, "--library", str(tmp_path / "lib"),
+                        "--out", str(tmp_path / "distill")],
+            "serve": ["serve", "--port", "0", "--data-dir", str(tmp_path / "server")]}[command]
+    assert cli.main([*argv, "--decode-device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("has no CUDA GPU" in line and "--decode-device cpu" in line for line in err), err
+
+
 def test_nvdec_declines_mpeg4_part2_and_says_so_once(caplog):
     from medclaw.kernels.decoders.base import NVDEC_CODECS
     from medclaw.kernels.decoders.pynvc_decoder import PyNvDecoder
