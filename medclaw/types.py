@@ -99,6 +99,9 @@ class GenResult:
     latency_s: float = 0.0
     finish_reason: str = ""
     reasoning: str = ""        # <think>…</think> content for reasoning models, kept for the trace
+    # time to first token: submission → first generated token, as the backend measured it (same
+    # clock as latency_s, so ttft_s <= latency_s); None where the backend cannot see it
+    ttft_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

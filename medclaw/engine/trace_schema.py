@@ -8,8 +8,9 @@ A trace file is JSON Lines, one record per line, in this order:
 
 Nested records: `VideoRecord` (the probed video), `ModelInfo` (a role's model identity),
 `SkillRef` (a skill name + version), `FrameRef` (one frame a model looked at), `ModelCall` (one
-generation call: model name + revision, prompt / completion / cached tokens, latency),
-`TimeWindow` (a span of video time a step inspected or named), `BudgetState` and `Totals`.
+generation call: model name + revision, prompt / completion / cached tokens, latency, time to
+first token), `TimeWindow` (a span of video time a step inspected or named), `BudgetState` and
+`Totals`.
 
 Every record is validated when built (the writer cannot write what the reader would refuse) and
 when read back. `Record` subclasses read by attribute (`step.frames[0].timestamp_s`); they also
@@ -119,6 +120,7 @@ class ModelCall(Record):
     latency_s: float = 0.0
     finish_reason: str = ""
     reasoning: str = ""             # <think> content of reasoning models
+    ttft_s: float | None = Field(None, ge=0)   # time to first token; None: not measured
 
 
 class TimeWindow(Record):

@@ -29,6 +29,7 @@ EXTRA_KEYS: dict[str, dict[str, tuple | None]] = {
         "limit_mm_per_prompt": ANY, "mm_processor_kwargs": ANY, "dtype": ANY, "seed": ANY,
         "swap_space": ANY, "cpu_offload_gb": ANY, "pipeline_parallel_size": ANY,
         "enable_expert_parallel": ANY, "disable_custom_all_reduce": ANY, "max_logprobs": ANY,
+        "enable_prefix_caching": (True, False),     # false: the cache-off baseline (bench e2e)
         "load_format": ("auto", "safetensors", "pt", "dummy"),
         "distributed_executor_backend": ("mp", "uni"),
     },

@@ -94,11 +94,15 @@ def vllm_is_cpu_build() -> bool:
 
 
 def _flag(key: str, value) -> list[str]:
-    """One engine argument as CLI flags: True → `--key`, dicts/lists → JSON, others → str."""
+    """One engine argument as CLI flags: True → `--key`, False → `--no-key` (vLLM's boolean
+    arguments take both; leaving the flag out would keep a default that is on, such as prefix
+    caching), None → nothing, dicts/lists → JSON, others → str."""
     flag = "--" + key.replace("_", "-")
     if value is True:
         return [flag]
-    if value is False or value is None:
+    if value is False:
+        return ["--no-" + key.replace("_", "-")]
+    if value is None:
         return []
     if isinstance(value, (dict, list)):
         return [flag, json.dumps(value)]

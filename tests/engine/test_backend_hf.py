@@ -50,6 +50,8 @@ async def test_video_request_on_tiny_vlm(hf_vlm, tiny_models):
     assert video_result.num_prompt_tokens - text_result.num_prompt_tokens == 8 + 2  # + vision start/end
     assert video_result.num_completion_tokens == 6 and video_result.finish_reason == "length"
     assert video_result.num_cached_tokens == 0
+    for result in (video_result, text_result):       # first of 6 tokens: before the call ends
+        assert 0 < result.ttft_s < result.latency_s
     assert video_result.model_revision == revision_hash(tiny_models.vlm)
 
 

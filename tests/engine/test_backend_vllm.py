@@ -55,6 +55,9 @@ async def test_video_request_accounting(vlm_engine, tiny_vlm_spec, random_clip):
     assert result.model_name == "tiny-vlm"
     assert result.model_revision == revision_hash(tiny_vlm_spec.path)
     assert result.latency_s > 0
+    # time to first token: measured at the first streamed token, so within the call; prefill of
+    # 512+ video tokens happens before it, the 4 decode steps after it
+    assert 0 < result.ttft_s < result.latency_s
 
 
 @engine_test

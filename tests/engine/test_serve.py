@@ -98,6 +98,17 @@ def test_serve_refuses_what_vllm_cannot_load_on_this_device(tiny_vlm_spec):
     assert command[command.index("--quantization") + 1] == "bitsandbytes"
 
 
+def test_a_false_engine_argument_is_passed_as_no_flag(tiny_vlm_spec):
+    """extra `enable_prefix_caching: false` must reach the server (its default is on)."""
+    import dataclasses
+
+    from medclaw.models.serve import ServeOptions, server_command
+
+    spec = dataclasses.replace(tiny_vlm_spec, extra={"enable_prefix_caching": False})
+    command = server_command(spec, ServeOptions(on_cpu=True))
+    assert "--no-enable-prefix-caching" in command and "--enable-prefix-caching" not in command
+
+
 # ------------------------------------------------------------------------------ the real server
 
 @pytest.fixture(scope="module")

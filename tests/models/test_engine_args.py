@@ -37,6 +37,10 @@ def test_allowed_extra_passes():
     spec = ModelSpec(name="m", path="/m", extra={"enforce_eager": True, "block_size": 64,
                                                  "load_format": "dummy"})
     assert spec.extra["load_format"] == "dummy"
+    # prefix caching may be switched off (a benchmark's baseline), and only with a boolean
+    assert ModelSpec(name="m", path="/m", extra={"enable_prefix_caching": False}).extra
+    with pytest.raises(ConfigError, match="enable_prefix_caching = 'no' is not allowed"):
+        ModelSpec(name="m", path="/m", extra={"enable_prefix_caching": "no"})
     ModelSpec(name="m", path="/m", backend="transformers", extra={"attn_implementation": "sdpa"})
 
 

@@ -17,7 +17,8 @@ Contract:
   JSON, no free whitespace, as in the vLLM backend) when the `xgrammar` package is installed
   (it comes with vLLM); without it `supports_json_schema` is False and callers use the tolerant
   parser. Compiled grammars are cached per schema (one episode reuses a few schemas every step).
-- No prefix cache (`num_cached_tokens = 0`). Output is split per `spec.output_format`.
+- No prefix cache (`num_cached_tokens = 0`). Output is split per `spec.output_format`. Time to
+  first token: from the call (prompt processing included) to the first token `generate` streams.
 - Fidelity: the processor's prompt length must equal the planned one (`base.PromptPlan`), checked
   before generating; otherwise `FidelityError`.
 """
@@ -177,9 +178,11 @@ class TransformersBackend(Backend):
             stop_ids |= set(grammar_stops)
             sampling.update(logits_processor=[processor], eos_token_id=sorted(stop_ids))
         pad = self.tokenizer.pad_token_id
+        first_token = _FirstToken()
         with torch.inference_mode():
             output = self.model.generate(**inputs, max_new_tokens=request.max_tokens,
-                                         pad_token_id=eos if pad is None else pad, **sampling)
+                                         pad_token_id=eos if pad is None else pad,
+                                         streamer=first_token, **sampling)
         prompt_len = int(inputs["input_ids"].shape[1])
         new_ids = output[0, prompt_len:].tolist()
         stopped = bool(new_ids) and new_ids[-1] in stop_ids
@@ -190,7 +193,8 @@ class TransformersBackend(Backend):
             model_name=self.model_name, model_revision=self.model_revision,
             num_prompt_tokens=prompt_len, num_completion_tokens=len(new_ids), num_cached_tokens=0,
             latency_s=time.perf_counter() - started,
-            finish_reason="stop" if stopped or len(new_ids) < request.max_tokens else "length")
+            finish_reason="stop" if stopped or len(new_ids) < request.max_tokens else "length",
+            ttft_s=None if first_token.at is None else first_token.at - started)
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         if self._closed:
@@ -208,6 +212,24 @@ class TransformersBackend(Backend):
 
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)
+
+
+class _FirstToken:
+    """A transformers streamer that only notes when the first generated token came out: `generate`
+    hands a streamer the prompt ids once, then every new token as it is sampled."""
+
+    def __init__(self):
+        self.at: float | None = None
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+        elif self.at is None:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
 
 
 def _eos_ids(model, fallback: int | None) -> set[int]:

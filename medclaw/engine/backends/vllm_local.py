@@ -9,14 +9,16 @@ Contract:
 - Prompts are rendered with the model's own chat template (media parts become the vision
   placeholders), media travel as `multi_modal_data` (video: `(uint8 (T,H,W,3), metadata)`, image:
   uint8 (H,W,3)) with `multi_modal_uuids` = `MediaItem.uuid`, so prefix caching recognises a clip
-  by identity, not pixels (docs/architecture.md rule 2). Prefix caching is always on.
+  by identity, not pixels (docs/architecture.md rule 2). Prefix caching is on unless
+  `extra.enable_prefix_caching` is false (the cache-off baseline of `medclaw bench e2e`).
 - `GenRequest.json_schema` is enforced by xgrammar with `disable_any_whitespace=True` (without
   it random weights fill the grammar's whitespace until `max_tokens`).
 - Fidelity: the engine's prompt token count must equal the planned one (`base.PromptPlan`);
   otherwise `FidelityError` (base.check_prompt_tokens).
 - Each `GenResult` carries prompt / completion / cached tokens (`RequestOutput.num_cached_tokens`),
-  latency, the model name and `revision_hash(spec.path)`, the finish reason, and the answer /
-  reasoning split of `spec.output_format`.
+  latency, time to first token (submission → the first streamed output holding a token), the
+  model name and `revision_hash(spec.path)`, the finish reason, and the answer / reasoning split
+  of `spec.output_format`.
 - `close()` (or `shutdown()`) stops the engine core process and the loop thread; it also runs at
   interpreter exit, so a forgotten backend does not hang the process.
 
@@ -143,13 +145,21 @@ class VLLMBackend(Backend):
         check_vllm_loaded(self.spec, self.quantization)
 
     async def _run(self, prompt: dict, params, request_id: str):
-        final = None
+        """(final RequestOutput, perf_counter time of the first output holding a token or None).
+
+        vLLM streams a cumulative output per engine step to this loop (the loop its output handler
+        runs on, so the time is taken as the token arrives, not when a caller gets round to it).
+        `RequestOutput.metrics` would carry the engine's own figure, but only with stats logging on.
+        """
+        final, first_token_at = None, None
         async for output in self._engine.generate(
                 prompt, params, request_id=request_id,
                 # the chat template already wrote BOS / special tokens; don't add them twice
                 tokenization_kwargs={"add_special_tokens": False}):
+            if first_token_at is None and output.outputs and output.outputs[0].token_ids:
+                first_token_at = time.perf_counter()
             final = output
-        return final
+        return final, first_token_at
 
     async def _stop(self) -> None:
         if self._engine is not None:
@@ -194,7 +204,7 @@ class VLLMBackend(Backend):
         started = time.perf_counter()
         future = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id), self._loop)
         try:
-            output = await asyncio.wrap_future(future)
+            output, first_token_at = await asyncio.wrap_future(future)
         except Exception as err:
             from vllm.exceptions import VLLMValidationError
 
@@ -213,7 +223,8 @@ class VLLMBackend(Backend):
             num_prompt_tokens=len(output.prompt_token_ids or ()),
             num_completion_tokens=len(completion.token_ids),
             num_cached_tokens=int(output.num_cached_tokens or 0),
-            latency_s=latency, finish_reason=str(completion.finish_reason or ""))
+            latency_s=latency, finish_reason=str(completion.finish_reason or ""),
+            ttft_s=None if first_token_at is None else first_token_at - started)
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
