@@ -33,7 +33,8 @@ config lines for this backend). Contract:
   count (`base.PromptPlan`), else `FidelityError`.
 - `GenRequest.json_schema` goes as `response_format: json_schema`. Cached tokens come from
   `usage.prompt_tokens_details.cached_tokens` (`--enable-prompt-tokens-details`). Output is split
-  per `spec.output_format`.
+  per `spec.output_format`. The answer comes in one piece (no streaming), so time to first token
+  is not seen here (`ttft_s` None); the server's own figure is its `/metrics` TTFT histogram.
 - The HTTP client ignores proxy environment variables (`trust_env=False`): requests go to the
   configured endpoints and nowhere else. `spec.extra`: `served_model_name` (default `spec.name`),
   `timeout_s` (600), `jpeg_quality` (90), `routing` (affinity | least_in_flight),

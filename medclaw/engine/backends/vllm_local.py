@@ -104,6 +104,7 @@ class VLLMBackend(Backend):
         self._closed = False
         self._per_request_seed = True
         self.block_size = 0            # KV block size the engine runs with (prefix-cache granularity)
+        self.prefix_caching = None     # whether the engine runs with prefix caching (vLLM's report)
         self.quantization = None       # the method vLLM reports after loading (None: full precision)
         self._tokenizer = load_chat_tokenizer(spec.path)
         self._plan = PromptPlan(self._tokenizer, spec.name)
@@ -140,6 +141,7 @@ class VLLMBackend(Backend):
             raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
         self._engine = AsyncLLM.from_engine_args(args)
         self.block_size = self._engine.vllm_config.cache_config.block_size
+        self.prefix_caching = bool(self._engine.vllm_config.cache_config.enable_prefix_caching)
         # what vLLM really loaded: a quantisation asked for and not applied is an error
         self.quantization = self._engine.vllm_config.model_config.quantization
         check_vllm_loaded(self.spec, self.quantization)
