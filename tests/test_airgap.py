@@ -164,23 +164,35 @@ def test_kb_build_and_search_under_the_guard(tmp_path, capsys, airgap_log):
     assert airgap_log.violations() == []
 
 
+def _runtime_on_session_engines(monkeypatch, llm_engine, vlm_engine) -> None:
+    """Commands resolve their real models, KB and skills; the session's engines serve them."""
+    import medclaw.engine.runtime as runtime_module
+
+    real_open = runtime_module.open_runtime
+    backends = {"orchestrator": llm_engine, "judge": llm_engine,
+                "video_expert": vlm_engine, "frame_verifier": vlm_engine}
+
+    def open_runtime(**kwargs):
+        resolved = real_open(**kwargs)
+        return runtime_module.Runtime(resolved.specs, backends=backends,
+                                      knowledge_base=resolved.knowledge_base, skills=resolved.skills)
+
+    monkeypatch.setattr(runtime_module, "open_runtime", open_runtime)
+
+
 @pytest.mark.engine
-@pytest.mark.slow
-def test_ask_under_the_guard_starts_engines_that_stay_on_loopback(tmp_path, synth_video, tiny_models):
-    """A real `medclaw ask` (its own engines, its own processes). Before VLLM_HOST_IP was pinned
-    to loopback, every engine core process connected a UDP socket to 8.8.8.8 here."""
-    log = tmp_path / "airgap.jsonl"
-    done, report = _doctor_airgap(MEDCLAW, "ask", str(synth_video.path), "What happens first?",
-                                  "--json", "--max-steps", "2", "--trace-dir", str(tmp_path / "traces"),
-                                  log=log, timeout=900)
-    assert report["violations"] == [], done.stderr
-    answer = json.loads(done.stdout)
-    assert done.returncode == 0 and answer["status"] in ("answered", "forced_answer")
-    records = airgap.read_log(log)
-    ask_pid = next(r["pid"] for r in records if r["event"] == "install" and "ask" in r["argv"])
-    engine_cores = [r for r in records if r["event"] == "install" and r["ppid"] == ask_pid
-                    and "--multiprocessing-fork" in r["argv"]]
-    assert len(engine_cores) >= 2          # the LLM's and the VLM's engine core, both guarded
+def test_ask_under_the_guard(monkeypatch, tmp_path, synth_video, capsys, airgap_log, llm_engine,
+                             vlm_engine):
+    """A real `medclaw ask` in this guarded process on the session's engines (whose core processes
+    this process spawned under the guard). That a fresh CLI process's own engine cores are guarded
+    too is checked where one starts them: tests/server/test_serve_cli.py. Before VLLM_HOST_IP was
+    pinned to loopback, every engine core process connected a UDP socket to 8.8.8.8 here."""
+    _runtime_on_session_engines(monkeypatch, llm_engine, vlm_engine)
+    rc = main(["ask", str(synth_video.path), "What happens first?", "--json", "--max-steps", "2",
+               "--trace-dir", str(tmp_path / "traces")])
+    answer = json.loads(capsys.readouterr().out)
+    assert rc == 0 and answer["status"] in ("answered", "forced_answer"), answer
+    assert airgap_log.violations() == []
 
 
 class _Shared:
@@ -219,18 +231,7 @@ def test_bench_kv_on_guarded_engines(monkeypatch, capsys, airgap_log, tiny_vlm_s
 @pytest.mark.engine
 @pytest.mark.slow
 def test_demo_on_guarded_engines(monkeypatch, tmp_path, capsys, airgap_log, llm_engine, vlm_engine):
-    import medclaw.engine.runtime as runtime_module
-
-    real_open = runtime_module.open_runtime
-    backends = {"orchestrator": llm_engine, "judge": llm_engine,
-                "video_expert": vlm_engine, "frame_verifier": vlm_engine}
-
-    def open_runtime(**kwargs):       # real models, KB and skills; the session's engines serve them
-        resolved = real_open(**kwargs)
-        return runtime_module.Runtime(resolved.specs, backends=backends,
-                                      knowledge_base=resolved.knowledge_base, skills=resolved.skills)
-
-    monkeypatch.setattr(runtime_module, "open_runtime", open_runtime)
+    _runtime_on_session_engines(monkeypatch, llm_engine, vlm_engine)
     rc = main(["demo", "--out-dir", str(tmp_path / "demo"), "--minutes", "0.5", "--max-steps", "2",
                "--json"])
     summary = json.loads(capsys.readouterr().out)

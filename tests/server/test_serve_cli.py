@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from medclaw import airgap
 from medclaw.cli import main
 from tests.server.conftest import QUESTION, wait_for
 
@@ -70,6 +71,12 @@ def test_medclaw_serve_runs_a_job_on_the_tiny_engines(medclaw_home, tmp_path, vi
         startup = log.read_text()
         # the engines started with the server, before it served anything
         assert len(re.findall(r"engine \S+ \(vllm\) for .*: ready in", startup)) == 2, startup
+        # the air gap holds in a fresh CLI process's engine cores too (tests/conftest.py guards
+        # every process this test starts; an engine core that skipped the guard logs no install)
+        cores = [r for r in airgap.read_log(os.environ[airgap.ENV_LOG])
+                 if r["event"] == "install" and r["ppid"] == server.pid
+                 and "--multiprocessing-fork" in r["argv"]]
+        assert len(cores) >= 2, cores
 
         auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
         with httpx.Client(base_url=url, headers=auth, timeout=60) as client:
