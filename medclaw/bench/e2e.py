@@ -19,7 +19,7 @@ Per pass (`medclaw.bench.e2e_figures`): wall_s, episodes_per_min, steps_per_s, s
 wall time p50/p95, model calls, prompt / cached tokens and hit rate (all, orchestrator,
 sub_agents), visual tokens, frames decoded and frame-cache hits; from the traces, time to first
 token per role (`ttft`: orchestrator, sub_agents; p50/p95 of the calls whose backend measured it)
-and wall time per tool (`tool_latency`: count, p50/p95/mean/max, not_run). Same run:
+and wall time per tool (`tool_latency`: count, p50/p95/mean/max, errors, not_run). Same run:
 `ratios` (concurrent / sequential steps per second and episodes per minute), `visual_tokens`
 (the agent's sequential episodes vs the one-shot pass on the same questions), `prefix_caching`
 (sequential vs sequential_cache_off: tokens, hit rates, wall and steps/s ratios, TTFT p50 off/on,
@@ -267,18 +267,18 @@ def _print_table(result: dict) -> None:
     print(f"engine start: {result['engine_start_s']:.1f} s")
     header = ("pass", "conc", "wall_s", "ep/min", "steps/s", "p50_s", "hit_rate", "vis_tok",
               "ttft_orch", "ttft_sub", "decoded", "cache_hits")
-    print("  ".join(f"{h:>10}" for h in header))
+    print(f"{header[0]:<20}  " + "  ".join(f"{h:>10}" for h in header[1:]))
     for name, row in result["passes"].items():
-        cells = (name[:10], row["concurrency"], row["wall_s"], row["episodes_per_min"],
+        cells = (row["concurrency"], row["wall_s"], row["episodes_per_min"],
                  row["steps_per_s"], row["episode_wall_p50_s"], row["cached_hit_rate"],
                  row["visual_tokens"], *(row["ttft"][role]["p50_s"] for role in ROLES),
                  row["frames_decoded"], row["frame_cache_hits"])
-        print("  ".join(f"{c!s:>10}" for c in cells))
+        print(f"{name:<20}  " + "  ".join(f"{c!s:>10}" for c in cells))
     print("tool latency (sequential + concurrent passes, per pass):")
     for name in ("sequential", "concurrent"):
         for tool, stats in result["passes"][name]["tool_latency"].items():
             print(f"  {name:>10}  {tool:<22} n={stats['count']:<3} p50={stats['p50_s']} s "
-                  f"p95={stats['p95_s']} s  not_run={stats['not_run']}")
+                  f"p95={stats['p95_s']} s  errors={stats['errors']} not_run={stats['not_run']}")
     for key, value in result["ratios"].items():
         print(f"{key}: {value}")
     visual = result["visual_tokens"]

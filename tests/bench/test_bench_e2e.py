@@ -48,6 +48,7 @@ def test_trace_figures_ttft_per_role_and_latency_per_tool():
         Step(index=1, tool="crop_video", tool_latency_s=2.0, orchestrator_call=_call(0.1),
              model_calls=[_call(0.5), _call(None)]),                # remote: not measured
         Step(index=2, tool="crop_video", tool_latency_s=4.0, orchestrator_call=_call(0.3)),
+        Step(index=6, tool="crop_video", tool_latency_s=0.001, error="start must be < end"),
         Step(index=3, tool="final_answer", orchestrator_call=_call(0.2)),  # refused: never ran
         Step(index=4, tool=None, orchestrator_call=_call(0.4)),        # output did not parse
         Step(index=5, tool="final_answer", tool_latency_s=0.01, orchestrator_call=None),
@@ -58,8 +59,9 @@ def test_trace_figures_ttft_per_role_and_latency_per_tool():
     assert (subs["calls"], subs["measured"], subs["p50_s"]) == (2, 1, 0.5)
     tools = figures["tool_latency"]
     assert tools["crop_video"] == {"count": 2, "p50_s": 3.0, "p95_s": 4.0, "mean_s": 3.0,
-                                   "max_s": 4.0, "not_run": 0}
-    assert (tools["final_answer"]["count"], tools["final_answer"]["not_run"]) == (1, 1)
+                                   "max_s": 4.0, "errors": 1, "not_run": 0}
+    final = tools["final_answer"]
+    assert (final["count"], final["errors"], final["not_run"]) == (1, 0, 1)
     assert set(tools) == {"crop_video", "final_answer"}
     empty = trace_figures([])
     assert empty["ttft"]["orchestrator"]["p50_s"] is None and empty["tool_latency"] == {}
@@ -165,7 +167,7 @@ def test_every_pass_on_tiny_engines(tmp_path, tiny_cpu_specs, llm_engine, vlm_en
             if step.tool:
                 named[step.tool] = named.get(step.tool, 0) + 1
         tools = out["passes"][name]["tool_latency"]
-        assert {t: v["count"] + v["not_run"] for t, v in tools.items()} == named, name
+        assert {t: v["count"] + v["errors"] + v["not_run"] for t, v in tools.items()} == named
     assert out["passes"]["oneshot"]["tool_latency"]["oneshot"]["count"] == 2
     assert out["passes"]["sequential"]["ttft"]["sub_agents"]["calls"] > 0
 
