@@ -15,6 +15,8 @@
   decodes and to read the rotation.
 - `sha256` is of the file's bytes, cached by (real path, size, mtime) in memory and in
   `$MEDCLAW_HOME/cache/sha256.json` (default `~/.cache/medclaw/cache/sha256.json`).
+- A file probed before (its sha256 cached and its decode index stored, `kernels.index`) is
+  answered from the index without opening it with FFmpeg again.
 
 Errors (all `medclaw.kernels.errors.VideoError`, message = one line naming the file):
     NotAFileError        missing path, directory, device …
@@ -73,6 +75,12 @@ def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True,
     p = Path(path)
     size = _check_file(p)
     head = _read_head(p)
+    known = _stored_index(p, use_cache, assumed_fps)
+    if known is not None:
+        # Probed before (same bytes): the stored index holds every figure, so FFmpeg need not
+        # open the file again (its stream analysis decodes frames: a 4K keyframe per open).
+        _check_pixels(p, known.meta["width"], known.meta["height"], max_pixels)
+        return info_from_index(p, known)
     try:
         container = av.open(str(p), mode="r", timeout=OPEN_TIMEOUT_S)
     except av.error.PermissionError as err:
@@ -91,19 +99,42 @@ def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True,
         width, height = stream.codec_context.width, stream.codec_context.height
         if width <= 0 or height <= 0:
             raise CorruptVideoError(f"{p}: the video stream has no frame size (corrupt header)")
-        if max_pixels is not None and width * height > max_pixels:
-            raise FrameTooLargeError(f"{p}: frames are {width}x{height} = {width * height:,} pixels, "
-                                     f"over the limit of {max_pixels:,}; downscale the video first")
+        _check_pixels(p, width, height, max_pixels)
         sha = file_sha256(p, use_cache=use_cache)
-        index = load_index(sha) if use_cache else None
-        if index is not None and not index.has_pts and assumed_fps \
-                and abs(index.tb_den / index.tb_num - assumed_fps) > 1e-6:
-            index = None                              # the user overrides the assumed rate
+        index = _usable(load_index(sha), assumed_fps) if use_cache else None
         if index is None:
             index = _scan(p, container, stream, sha, assumed_fps)
-            test_decode(p, index)                      # may trim a damaged end; raises if none
+            test_decode(p, index, container)           # may trim a damaged end; raises if none
             store_index(index)
     return info_from_index(p, index)
+
+
+def _check_pixels(p: Path, width: int, height: int, max_pixels: int | None) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise FrameTooLargeError(f"{p}: frames are {width}x{height} = {width * height:,} pixels, "
+                                 f"over the limit of {max_pixels:,}; downscale the video first")
+
+
+def _usable(index, assumed_fps: float | None):
+    """`index`, or None when the user overrides the rate it assumed for a raw stream."""
+    if index is not None and not index.has_pts and assumed_fps \
+            and abs(index.tb_den / index.tb_num - assumed_fps) > 1e-6:
+        return None
+    return index
+
+
+def _stored_index(p: Path, use_cache: bool, assumed_fps: float | None):
+    """The stored index of `p` when its sha256 is already cached (no hashing here: an unknown
+    file must fail fast, not be read whole first), else None."""
+    if not use_cache:
+        return None
+    real = os.path.realpath(p)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    sha = _cached_sha256((real, st.st_size, st.st_mtime_ns), real, st)
+    return _usable(load_index(sha), assumed_fps) if sha else None
 
 
 def info_from_index(p, index) -> VideoInfo:
@@ -237,8 +268,10 @@ def _scan(p: Path, container, stream, sha: str, assumed_fps: float | None):
                                 f"{count} are in the file{end}")
     rotation = first.rotation(p)
     declared_rate = float(stream.average_rate or stream.guessed_rate or 0) or None
+    # reorder_depth: frames the decoder holds back to reorder (found by FFmpeg's analysis on
+    # open); decoders that skip that analysis set it themselves (pyav_decoder.open_input).
     meta = {"width": stream.codec_context.width, "height": stream.codec_context.height,
-            "rotation": rotation}
+            "rotation": rotation, "reorder_depth": int(stream.codec_context.reorder_depth)}
     index = build_index(sha, packets, tb=Fraction(tb), container=container.format.name,
                         codec=_codec_name(stream),
                         assumed_fps=assumed_fps or declared_rate or DEFAULT_ASSUMED_FPS,
@@ -331,14 +364,9 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
     st = os.stat(real)
     key = (real, st.st_size, st.st_mtime_ns)
     if use_cache:
-        with _SHA_LOCK:
-            if key in _SHA_CACHE:
-                _SHA_CACHE.move_to_end(key)
-                return _SHA_CACHE[key]
-        entry = _load_disk_cache(_cache_file()).get(real)
-        if entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
-            _remember_sha(key, entry["sha256"])
-            return entry["sha256"]
+        known = _cached_sha256(key, real, st)
+        if known:
+            return known
     digest = hashlib.sha256()
     try:
         with open(real, "rb") as fh:
@@ -351,6 +379,19 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
         _remember_sha(key, sha)
         _store_disk_cache(real, st, sha)
     return sha
+
+
+def _cached_sha256(key, real: str, st: os.stat_result) -> str | None:
+    """The sha256 cached for (real path, size, mtime_ns) in memory or on disk, else None."""
+    with _SHA_LOCK:
+        if key in _SHA_CACHE:
+            _SHA_CACHE.move_to_end(key)
+            return _SHA_CACHE[key]
+    entry = _load_disk_cache(_cache_file()).get(real)
+    if entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+        _remember_sha(key, entry["sha256"])
+        return entry["sha256"]
+    return None
 
 
 def _remember_sha(key, sha: str) -> None:

@@ -78,9 +78,11 @@ def _decoded_pts(path, index, start: int) -> tuple[set, str | None]:
     return seen, error
 
 
-def test_decode(path, index) -> None:
+def test_decode(path, index, container=None) -> None:
     """Check that the middle and the end of the video decode; trim undecodable trailing frames
-    from `index` (in place). Raises CorruptVideoError when a region does not decode."""
+    from `index` (in place). Raises CorruptVideoError when a region does not decode.
+    `container`: the caller's open PyAV container of `path` (the probe's), used for the middle
+    keyframe instead of opening the file again; it is left open."""
     import numpy as np
 
     n = index.num_frames
@@ -89,10 +91,15 @@ def test_decode(path, index) -> None:
         from medclaw.kernels.decoders.pyav_decoder import FrameMissing, iter_frames
         import av
 
-        container, stream = _open(path)
         try:
-            with container:
-                for _ in iter_frames(container, stream, index, [middle], dense=True):
+            if container is None:
+                container, stream = _open(path)
+                with container:
+                    for _ in iter_frames(container, stream, index, [middle], dense=True):
+                        pass
+            else:
+                for _ in iter_frames(container, container.streams.video[0], index, [middle],
+                                     dense=True):
                     pass
         except (FrameMissing, av.error.FFmpegError) as err:
             raise CorruptVideoError(

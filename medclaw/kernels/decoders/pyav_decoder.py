@@ -12,9 +12,16 @@ the pts FFmpeg puts on it, never by counting output frames or trusting where a s
 A request spanning several GOPs is cut at keyframes into `job.num_threads` segments, each decoded
 by its own single-threaded codec context in its own thread (`base.split_at_keyframes`; PyAV
 releases the GIL while FFmpeg decodes and converts).
-A large downscale without a crop happens in libswscale together with the YUV→RGB conversion (one
-pass, no full-size RGB frame); everything else goes through `ops.resize_crop`, so for those sizes
-PyAV and torchcodec return identical pixels. Codecs that can decode at reduced resolution
+A large downscale without a crop happens in libswscale, before any RGB frame exists: the decoded
+YUV frame is scaled to the output size, then converted to RGB at that size (half the CPU of
+scaling and converting in one swscale pass, which filters full-resolution chroma for every output
+pixel; closer to `ops.resize_crop` of the full RGB frame too), written straight into the output;
+everything else goes through `ops.resize_crop`, so for those sizes PyAV and torchcodec return
+identical pixels.
+Opening: FFmpeg's stream analysis on open (`avformat_find_stream_info`) decodes the first frames
+to learn the codec's reorder depth — at 4K a keyframe costs as much as ~30 P-frames — which the
+probe already learned; `open_input` skips that decode when the index carries the depth and gives
+the codec context that depth itself (what a plain open would have given it). Codecs that can decode at reduced resolution
 (`LOWRES_CODECS`: MJPEG, MPEG-1/2, MPEG-4 Part 2 — FFmpeg's `lowres`, 1/2, 1/4 or 1/8 of each side)
 do so when the output needs at most that many pixels: a 4K MJPEG frame wanted at 644×364 is
 decoded at 960×540, never at full size.
@@ -40,6 +47,39 @@ def lowres_for(codec: str, src_w: int, src_h: int, width: int, height: int) -> i
     while k < MAX_LOWRES and (src_w >> (k + 1)) >= width and (src_h >> (k + 1)) >= height:
         k += 1
     return k
+
+
+def open_input(path, index=None):
+    """`av.open(path)` for decoding a probed video (see module docstring): without FFmpeg's
+    analysis decode when `index.meta` holds the probe's reorder depth. Raises what av.open
+    raises."""
+    import av
+
+    depth = index.meta.get("reorder_depth") if index is not None and index.has_pts else None
+    if depth is None:
+        return av.open(str(path))
+    # "skip_frame" reaches only the analysis' own decoders, not the stream's codec context.
+    container = av.open(str(path), options={"skip_frame": "all"})
+    container.streams.video[0].codec_context.reorder_depth = int(depth)
+    return container
+
+
+def _converter(scale: bool, width: int, height: int, interpolation: str, threads: int):
+    """frame -> uint8 (h, w, 3): RGB at the frame's size, or (scale) scaled to width x height in
+    the frame's own pixel format first, then converted at the small size (module docstring).
+    One per thread: a reformatter keeps its swscale context between frames."""
+    if not scale:
+        return lambda frame: frame.to_ndarray(format="rgb24")
+    from av.video.reformatter import VideoReformatter
+
+    shrink, to_rgb = VideoReformatter(), VideoReformatter()
+
+    def convert(frame):
+        small = shrink.reformat(frame, width=width, height=height, interpolation=interpolation,
+                                threads=threads)
+        return to_rgb.reformat(small, format="rgb24", interpolation=interpolation,
+                               threads=threads).to_ndarray()
+    return convert
 
 
 class FrameMissing(Exception):
@@ -187,12 +227,10 @@ class PyAVDecoder(Decoder):
         scale = small and job.crop_px is None and job.rotation % 360 == 0
         lowres = lowres_for(index.codec, src_w, src_h, job.width, job.height) if scale else 0
         sws = _SWS_INTERPOLATION[job.interpolation]
-
-        def convert(frame):
-            if scale:
-                frame = frame.reformat(width=job.width, height=job.height, format="rgb24",
-                                       interpolation=sws)
-            return frame.to_ndarray(format="rgb24")                       # (h, w, 3)
+        # swscale threads only where the decode itself leaves cores idle (one segment).
+        sws_threads = 1 if len(segments) > 1 else 0
+        # Scaled frames are final: written straight into the output (no chunk to stack) on CPU.
+        direct = out.numpy() if scale and out.device.type == "cpu" else None
 
         def flush(buf, position):
             chunk = torch.from_numpy(np.stack(buf))                       # (n, h, w, 3)
@@ -203,9 +241,10 @@ class PyAVDecoder(Decoder):
 
         def decode_segment(lo: int, hi: int) -> None:
             try:
-                container = av.open(job.path)
+                container = open_input(job.path, index)
             except Exception as err:
                 raise job.corrupt(job.indices[lo], err) from err
+            convert = _converter(scale, job.width, job.height, sws, sws_threads)
             with container:
                 stream = container.streams.video[0]
                 stream.thread_type, stream.thread_count = thread_type, thread_count
@@ -219,6 +258,12 @@ class PyAVDecoder(Decoder):
                         current = at
                         got_pts[position + len(buf)] = (
                             int(frame.pts) if index.has_pts else int(index.pts[at]))
+                        if direct is not None:
+                            direct[position] = convert(frame)
+                            position += 1
+                            if (position - lo) % chunk_size == 0:
+                                job.check_cancelled()
+                            continue
                         buf.append(convert(frame))
                         if len(buf) == chunk_size or position + len(buf) == hi:
                             job.check_cancelled()
