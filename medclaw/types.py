@@ -28,6 +28,7 @@ class VideoInfo:
     is_variable_fps: bool = False
     start_s: float = 0.0       # pts of the first frame (stream clock); video time 0 is this frame
     fps_is_assumed: bool = False   # no timestamps in the stream (raw .h264): frames timed at `fps`
+    damage: str = ""           # what is wrong with a damaged file served anyway ("truncated: …")
 
     def to_dict(self) -> dict:
         return asdict(self)

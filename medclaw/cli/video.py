@@ -85,6 +85,8 @@ def _probe(args) -> int:
              + (" (assumed: the stream has no timestamps)" if info.fps_is_assumed else "")),
             ("duration", f"{info.duration_s:.3f} s"), ("rotation", f"{info.rotation} deg"),
             ("sha256", info.sha256)]
+    if info.damage:
+        rows.append(("damage", info.damage))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}", file=sys.stdout)

@@ -12,7 +12,14 @@
   prints), normalised to 0/90/180/270; `width`/`height` are the display size, i.e. swapped for
   90/270. Decoders return frames in this display orientation (`decoders/base.py`).
 - The first frame is decoded (from the first packets, during the same pass), to prove the stream
-  decodes and to read the rotation.
+  decodes and to read the rotation; `verify.test_decode` then decodes the middle (and, where the
+  container cannot show a cut, the end).
+- Damaged but decodable files are served, not refused: a header that promises more frames or a
+  longer duration than the data holds (a faststart MP4 or a Matroska file cut short), or an
+  MPEG-TS whose last packets do not decode. The index keeps the frames that decode, up to the
+  last one (`verify.test_decode`), and `VideoInfo.damage` says what is wrong, logged once as a
+  warning when the file is first probed. An MP4 cut before its 'moov' index cannot be read at
+  all: refused.
 - `sha256` is of the file's bytes, cached by (real path, size, mtime) in memory and in
   `$MEDCLAW_HOME/cache/sha256.json` (default `~/.cache/medclaw/cache/sha256.json`).
 - A file probed before (its sha256 cached and its decode index stored, `kernels.index`) is
@@ -22,9 +29,9 @@ Errors (all `medclaw.kernels.errors.VideoError`, message = one line naming the f
     NotAFileError        missing path, directory, device …
     UnreadableVideoError no permission / I/O error
     NotAVideoError       empty file, not a media container, still image, no video stream
-    CorruptVideoError    truncated (missing MP4 'moov' index, fewer packets than indexed, data
-                         ending before the declared duration), garbage MP4 boxes, undecodable
-                         first frame, demux error — with where it happened
+    CorruptVideoError    truncated MP4 without its 'moov' index, garbage MP4 boxes, undecodable
+                         first frame or middle, nothing decodable at a damaged end, demux error
+                         — with where it happened
     ZeroDurationError    no frames or zero duration
     FrameTooLargeError   width * height > max_pixels
 Bad input fails fast (tens of milliseconds); PyAV's I/O timeout guards against stalled reads.
@@ -34,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 import math
@@ -51,6 +59,7 @@ from medclaw.kernels.index import build_index, load_index, store_index
 from medclaw.kernels.verify import test_decode
 from medclaw.types import VideoInfo
 
+log = logging.getLogger(__name__)
 OPEN_TIMEOUT_S = 5.0               # PyAV interrupts a read that stalls this long (NFS, FUSE …)
 _MP4_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pdin", b"uuid", b"moof"}
 _IMAGE_MAGIC = {b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
@@ -106,6 +115,8 @@ def probe_video(path, *, max_pixels: int | None = None, use_cache: bool = True,
             index = _scan(p, container, stream, sha, assumed_fps)
             test_decode(p, index, container)           # may trim a damaged end; raises if none
             store_index(index)
+            if index.meta.get("damage"):
+                log.warning("%s: %s", p, index.meta["damage"])    # once: later probes hit the index
     return info_from_index(p, index)
 
 
@@ -154,7 +165,8 @@ def info_from_index(p, index) -> VideoInfo:
     return VideoInfo(
         path=str(p), sha256=index.sha256, duration_s=duration, fps=n / duration, num_frames=n,
         width=width, height=height, codec=index.codec, rotation=meta["rotation"],
-        is_variable_fps=is_vfr, start_s=index.start_s, fps_is_assumed=not index.has_pts)
+        is_variable_fps=is_vfr, start_s=index.start_s, fps_is_assumed=not index.has_pts,
+        damage=meta.get("damage", ""))
 
 
 def _check_file(p: Path) -> int:
@@ -260,16 +272,11 @@ def _scan(p: Path, container, stream, sha: str, assumed_fps: float | None):
         raise ZeroDurationError(f"{p}: the video stream has no frames")
     claimed = stream.frames or 0
     tb = stream.time_base or Fraction(1, 90000)
-    if claimed > count:
-        stamps = [pk[0] for pk in packets if pk[0] is not None]
-        end = (f" (data ends at {float((max(stamps) - min(stamps)) * tb):.1f} s)"
-               if stamps else "")
-        raise CorruptVideoError(f"{p}: truncated: the container indexes {claimed} frames but only "
-                                f"{count} are in the file{end}")
     rotation = first.rotation(p)
     declared_rate = float(stream.average_rate or stream.guessed_rate or 0) or None
-    # reorder_depth: frames the decoder holds back to reorder (found by FFmpeg's analysis on
-    # open); decoders that skip that analysis set it themselves (pyav_decoder.open_input).
+    # reorder_depth: frames the decoder holds back to reorder (learned by FFmpeg's analysis on
+    # open, raised by the first frames' decode if need be); decoders that skip that analysis set
+    # it themselves (pyav_decoder.open_input).
     meta = {"width": stream.codec_context.width, "height": stream.codec_context.height,
             "rotation": rotation, "reorder_depth": int(stream.codec_context.reorder_depth)}
     index = build_index(sha, packets, tb=Fraction(tb), container=container.format.name,
@@ -278,10 +285,15 @@ def _scan(p: Path, container, stream, sha: str, assumed_fps: float | None):
                         meta=meta)
     if index.duration_s <= 0:
         raise ZeroDurationError(f"{p}: the video stream has zero duration")
+    # A header that promises more than the file holds: cut (a recorder that lost power, a copy
+    # that stopped). What is there is served as far as it decodes (test_decode checks the end).
     declared = _declared_duration_s(container, stream) if index.has_pts else None
-    if declared and index.duration_s < declared - max(1.0, 0.02 * declared):
-        raise CorruptVideoError(f"{p}: truncated: the container declares {declared:.1f} s but the "
-                                f"video data ends at {index.duration_s:.1f} s ({count} frames)")
+    if claimed > count:
+        index.meta["damage"] = (f"truncated: the container indexes {claimed} frames but only "
+                                f"{count} are in the file")
+    elif declared and index.duration_s < declared - max(1.0, 0.02 * declared):
+        index.meta["damage"] = (f"truncated: the container declares {declared:.1f} s but the "
+                                f"video data ends at {index.duration_s:.1f} s")
     return index
 
 

@@ -20,6 +20,8 @@ seconds. Variants:
     odd         161×91 (odd sides), H.264 4:4:4
     one         a single frame
     trunc_ts    ts cut at 60 % of its bytes (a recorder that lost power)
+    trunc_mp4   mp4 remuxed faststart ('moov' index first), cut at 60 % of its bytes
+    trunc_mkv   mp4 remuxed into Matroska, cut at half its bytes
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class Format:
     frames: int = FRAMES
     size: tuple[int, int] = (WIDTH, HEIGHT)
     derive: str = ""                 # made from another format's file instead of from raw frames
+    cut: float = 0.0                 # keep only this fraction of the bytes (a damaged file)
 
 
 FORMATS: dict[str, Format] = {
@@ -67,7 +70,9 @@ FORMATS: dict[str, Format] = {
     "rotated": Format(".mp4", ("-c", "copy", "-metadata:s:v:0", "rotate=90"), derive="mp4"),
     "odd": Format(".mp4", (*_X264, "-pix_fmt", "yuv444p"), size=(161, 91)),
     "one": Format(".mp4", (*_X264, "-pix_fmt", "yuv420p"), frames=1),
-    "trunc_ts": Format(".ts", (), derive="ts"),
+    "trunc_ts": Format(".ts", (), derive="ts", cut=0.6),
+    "trunc_mp4": Format(".mp4", ("-c", "copy", "-movflags", "+faststart"), derive="mp4", cut=0.6),
+    "trunc_mkv": Format(".mkv", ("-c", "copy"), derive="mp4", cut=0.5),
 }
 _AV1_ENCODERS = ("libsvtav1", "libaom-av1")
 
@@ -141,12 +146,14 @@ def make_format(name: str, folder) -> Path:
         return out
     tmp = out.with_name(f".tmp-{out.name}")
     base = ["ffmpeg", "-nostdin", "-v", "error", "-y"]
-    if name == "trunc_ts":
-        data = make_format("ts", folder).read_bytes()
-        tmp.write_bytes(data[: int(len(data) * 0.6)])
-    elif fmt.derive:
+    if fmt.derive:
         source = make_format(fmt.derive, folder)
-        _run([*base, "-i", str(source), *fmt.args, str(tmp)], name)
+        if fmt.args:
+            _run([*base, "-i", str(source), *fmt.args, "-f", _muxer(fmt.suffix), str(tmp)], name)
+            source = tmp
+        if fmt.cut:
+            data = source.read_bytes()
+            tmp.write_bytes(data[: int(len(data) * fmt.cut)])
     else:
         width, height = fmt.size
         args = list(fmt.args)

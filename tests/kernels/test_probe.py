@@ -186,26 +186,50 @@ def test_truncated_mp4_without_moov(synth_video, tmp_path):
     assert "truncated" in message and "moov" in message and f"{len(data) // 2:,}" in message
 
 
-def test_truncated_faststart_mp4(synth_video, tmp_path):
+def _served_up_to_the_cut(cut, caplog) -> str:
+    """A cut file ffmpeg still decodes is served: its decodable frames, the damage said once."""
+    from medclaw.kernels.frames import FrameSource
+    from medclaw.kernels.index import index_for
+    from medclaw.kernels.verify import reference_decode
+
+    with caplog.at_level("WARNING", logger="medclaw.kernels.probe"):
+        info = probe_video(cut)
+        assert probe_video(cut) == info                       # the second probe: no warning
+    warnings = [r.getMessage() for r in caplog.records if r.name == "medclaw.kernels.probe"]
+    assert len(warnings) == 1 and info.damage in warnings[0] and "\n" not in info.damage
+    assert 0 < info.num_frames < 1500 and f"serving the {info.num_frames} frames" in info.damage
+    # Frame identity: the served frames are the sequential reference decode's, pts for pts
+    # (a frame lost before the cut shifts the barcodes, not the identity).
+    index = index_for(info)
+    last = info.num_frames - 1
+    frames = FrameSource(cache_mb=0).get_frames(info, [0, last - 1, last], info.width,
+                                                info.height)
+    reference, pts = reference_decode(cut, index, keep=[0, last - 1, last])
+    assert pts == [int(index.pts[i]) for i in (0, last - 1, last)]
+    assert np.abs(frames.astype(int) - reference.astype(int)).mean() < 1.0
+    return info.damage
+
+
+def test_truncated_faststart_mp4_is_served_up_to_the_cut(synth_video, tmp_path, caplog):
     """Index first ('faststart'): the header survives but promises frames the file lacks."""
     faststart = tmp_path / "fs.mp4"
     _ffmpeg("-i", synth_video.path, "-c", "copy", "-movflags", "+faststart", faststart)
     data = faststart.read_bytes()
     cut = tmp_path / "fs_cut.mp4"
     cut.write_bytes(data[: int(len(data) * 0.6)])
-    message = _raises_one_line(CorruptVideoError, cut)
-    assert "truncated" in message and "1500" in message
+    damage = _served_up_to_the_cut(cut, caplog)
+    assert damage.startswith("truncated") and "indexes 1500 frames" in damage
 
 
-def test_truncated_matroska(synth_video, tmp_path):
+def test_truncated_matroska_is_served_up_to_the_cut(synth_video, tmp_path, caplog):
     """Matroska has no frame count; the declared duration gives the truncation away."""
     mkv = tmp_path / "whole.mkv"
     _ffmpeg("-i", synth_video.path, "-c", "copy", mkv)
     data = mkv.read_bytes()
     cut = tmp_path / "cut.mkv"
     cut.write_bytes(data[: len(data) // 2])
-    message = _raises_one_line(CorruptVideoError, cut)
-    assert "truncated" in message and "60.0 s" in message
+    damage = _served_up_to_the_cut(cut, caplog)
+    assert damage.startswith("truncated") and "declares 60.0 s" in damage
 
 
 def test_mp4_with_garbage_after_the_header(synth_video, tmp_path):
@@ -262,6 +286,18 @@ def test_index_is_built_once_and_reused_from_disk(synth_video, monkeypatch):
     again = probe_video(synth_video.path)
     assert again == first
     assert index_mod.load_index(first.sha256).num_frames == 1500
+
+    # With the sha256 cached too, FFmpeg does not open the file at all (its stream analysis
+    # decodes frames: a 4K keyframe per open).
+    import av
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("FFmpeg opened the file again")
+
+    monkeypatch.setattr(av, "open", no_open)
+    assert probe_video(synth_video.path) == first
+    with pytest.raises(FrameTooLargeError):
+        probe_video(synth_video.path, max_pixels=320 * 180 - 1)
 
 
 def test_sha_memory_cache_is_bounded(tmp_path, monkeypatch):

@@ -82,6 +82,20 @@ def _converter(scale: bool, width: int, height: int, interpolation: str, threads
     return convert
 
 
+def decode_packet(ctx, packet) -> list:
+    """`ctx.decode(packet)`, except that a packet the demuxer flagged as corrupt (the partial last
+    packet of a cut file) which FFmpeg rejects yields no frame, as in the ffmpeg command line;
+    any other decode error is raised."""
+    import av
+
+    try:
+        return ctx.decode(packet)
+    except av.error.FFmpegError:
+        if packet.is_corrupt:
+            return []
+        raise
+
+
 class FrameMissing(Exception):
     """The stream went past a wanted frame's pts without showing it."""
 
@@ -115,7 +129,7 @@ def iter_frames(container, stream, index, wanted, *, dense: bool, check_cancelle
         # No timestamps: frames are numbered in output order from the start of the stream.
         position, slot = -1, 0
         for packet in container.demux(stream):
-            for frame in ctx.decode(packet):
+            for frame in decode_packet(ctx, packet):
                 position += 1
                 if position == wanted[slot]:
                     yield position, frame
@@ -171,7 +185,7 @@ def _decode_run(container, stream, index, wanted, wanted_set, state, *, dense, l
             at = int(np.searchsorted(pts, p)) if p is not None else -1
             unwanted = 0 <= at < len(pts) and pts[at] == p and at not in wanted_set
             ctx.skip_frame = "NONREF" if unwanted else "DEFAULT"
-        for frame in ctx.decode(packet):
+        for frame in decode_packet(ctx, packet):
             if frame.pts is None:
                 continue
             at = int(np.searchsorted(pts, frame.pts))
@@ -221,7 +235,10 @@ class PyAVDecoder(Decoder):
         if len(segments) > 1:
             thread_type, thread_count = "SLICE", 1
         else:
-            thread_type, thread_count = ("AUTO" if dense else "SLICE"), job.num_threads
+            # No frame threads on a damaged file: they lose the frames in flight where a packet
+            # fails, and the probe found its decodable frames with one thread (verify._open).
+            threaded = dense and not meta.get("damage")
+            thread_type, thread_count = ("AUTO" if threaded else "SLICE"), job.num_threads
         chunk_size = len(next(job.chunks())[1])
         small = job.width * job.height <= DECODER_RESIZE_MAX_FRACTION * src_w * src_h
         scale = small and job.crop_px is None and job.rotation % 360 == 0
