@@ -221,3 +221,21 @@ def test_cut_files_ffmpeg_decodes_are_probed_and_served(name, folder, capsys):
         assert cli.main(["video", "probe", str(no_index)]) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "'moov' index is missing" in err
+
+
+def test_decoders_open_without_ffmpegs_analysis_decode(folder):
+    """`open_input` skips FFmpeg's stream-analysis decode (a 4K keyframe per open); the codec
+    context starts with the reorder depth the probe learned and decodes what a plain open does."""
+    import av
+
+    from medclaw.kernels.decoders.pyav_decoder import open_input
+
+    path, info = _video("ts", folder)
+    index = index_for(info)
+    with av.open(str(path)) as plain:
+        depth = plain.streams.video[0].codec_context.reorder_depth
+        want = [f.pts for f in plain.decode(video=0)]
+    assert index.meta["reorder_depth"] == depth == 2
+    with open_input(path, index) as fast:
+        assert fast.streams.video[0].codec_context.reorder_depth == depth
+        assert [f.pts for f in fast.decode(video=0)] == want
