@@ -1,12 +1,14 @@
 """`medclaw ask`: answer one question about a video, or a batch of them, with local models.
 
     medclaw ask VIDEO "QUESTION" [--profile P] [--config F] [--model ROLE=PATH ...] [--kb INDEX]
-                [--skills DIR] [--trace-dir D] [--max-steps N] [--json]
+                [--skills DIR] [--trace-dir D] [--max-steps N] [--assume-fps F] [--json]
     medclaw ask --batch FILE.jsonl [same options] [--concurrency N]
 
 Three phases, in this order:
 1. every input is checked: the batch file, each video (probed: a missing, corrupt or stream-less
-   file fails in seconds with a one-line error), the config, the model folders and the KB index;
+   file fails in seconds with a one-line error; a raw elementary stream such as `.h264`, which
+   has no timestamps, needs `--assume-fps F`, else the times in the answer would be a guess),
+   the config, the model folders and the KB index;
 2. every role's engine starts (and the KB's encoder), one line per engine on stderr — the
    episode budgets do not count this;
 3. the episodes run, with a progress line per step on stderr ("step n/N tool latency"; n never
@@ -43,6 +45,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", help="where episode traces go (default: artifacts/traces)")
     parser.add_argument("--max-steps", type=int, help="orchestrator steps before a forced answer")
     parser.add_argument("--concurrency", type=int, help="episodes in flight at once (batch)")
+    parser.add_argument("--assume-fps", type=float, default=None, metavar="F",
+                        help="frame rate of a video stream without timestamps (raw .h264/.hevc; "
+                             "required for those); files with timestamps ignore it")
     parser.add_argument("--json", action="store_true",
                         help="print exactly one JSON result, failures included")
     from medclaw.cli import EXIT_STATUS
@@ -128,6 +133,8 @@ def _check_inputs(args) -> _Work:
     from medclaw.engine.episode import BatchItem
     from medclaw.errors import ConfigError, MedClawError
 
+    if args.assume_fps is not None and not (0 < args.assume_fps < float("inf")):
+        raise ConfigError(f"--assume-fps must be a positive frame rate, got {args.assume_fps}")
     if args.batch:
         if args.video or args.question:
             raise ConfigError("give either VIDEO QUESTION or --batch FILE, not both")
@@ -145,7 +152,12 @@ def _check_inputs(args) -> _Work:
     infos, refused = {}, {}
     for video in dict.fromkeys(item.video for item in items):
         try:
-            infos[video] = probe_video(video)
+            info = probe_video(video, assumed_fps=args.assume_fps)
+            if info.fps_is_assumed and args.assume_fps is None:
+                raise ConfigError(f"{video}: a video stream without timestamps (raw {info.codec}; "
+                                  f"it declares {info.fps:g} fps): give its frame rate with "
+                                  f"--assume-fps F")
+            infos[video] = info
         except MedClawError as err:
             if not args.batch:
                 raise

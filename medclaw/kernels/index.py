@@ -215,4 +215,5 @@ def index_for(info) -> VideoIndex:
 
 
 def index_has_pts(info) -> bool:
-    return not getattr(info, "assumed_fps", False)
+    """False for a probed stream without timestamps (timed at an assumed rate, `info.fps`)."""
+    return not getattr(info, "fps_is_assumed", False)

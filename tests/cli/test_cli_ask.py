@@ -457,3 +457,36 @@ def test_a_server_killed_mid_episode_is_exit_3_with_the_trace(medclaw, monkeypat
     trace = Trace.load(out["trace"])
     assert len(trace.steps) == 1 and trace.steps[0]["orchestrator_call"]["model_name"] == "tiny-llm"
     assert trace.footer["status"].startswith("failed: EngineLostError")
+
+
+def test_a_raw_stream_needs_assume_fps_before_any_engine(medclaw, monkeypatch, tmp_path, capsys):
+    """A raw .h264 has no timestamps: without --assume-fps it is refused in one line naming the
+    flag (no engine touched); with it, it passes every pre-engine check, timed at that rate."""
+    import medclaw.engine.runtime as runtime_module
+    import medclaw.kernels.probe as probe_module
+    from medclaw.errors import ConfigError
+    from medclaw.synth.formats import make_format, missing_encoder
+
+    if missing_encoder("h264"):
+        pytest.skip(missing_encoder("h264"))
+    raw = make_format("h264", tmp_path)
+    reached = {}
+
+    def checked(**kwargs):              # phase 1 is over: stop before any engine
+        reached.update(kwargs)
+        raise ConfigError("inputs checked")
+
+    monkeypatch.setattr(runtime_module, "open_runtime", checked)
+    assert medclaw(["ask", str(raw), QUESTION]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--assume-fps" in err and "h264.h264" in err and not reached
+    assert medclaw(["ask", str(raw), QUESTION, "--assume-fps", "0"]) == 2
+    assert "--assume-fps must be a positive" in capsys.readouterr().err and not reached
+    probed = []
+    real_probe = probe_module.probe_video
+    monkeypatch.setattr(probe_module, "probe_video",
+                        lambda *a, **k: probed.append(real_probe(*a, **k)) or probed[-1])
+    assert medclaw(["ask", str(raw), QUESTION, "--assume-fps", "50"]) == 2
+    assert "inputs checked" in capsys.readouterr().err and reached
+    assert probed[0].fps_is_assumed and probed[0].fps == pytest.approx(50.0)
+    assert probed[0].duration_s == pytest.approx(2.0)

@@ -148,6 +148,14 @@ def test_raw_h264_is_decoded_at_an_assumed_rate_the_user_can_override(folder):
     plan = plan_frames(faster, 1.0, 2.0, fps=4.0)
     assert plan.frame_indices[0] == 50
     assert read_frame_indices(FrameSource().get(faster, plan)) == list(plan.frame_indices)
+    # The stored index gone (evicted, new process): rebuilt at the rate this probe assumed,
+    # not at the stream's declared 25 fps.
+    from medclaw.kernels import index as index_mod
+
+    index_mod.forget_memory()
+    (index_mod._index_dir() / f"{faster.sha256}.npz").unlink()
+    again = index_for(faster)
+    assert again.time_s(50) == pytest.approx(1.0) and again.num_frames == 100
 
 
 def test_truncated_ts_is_served_up_to_its_last_decodable_frame(folder):
