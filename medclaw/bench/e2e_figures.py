@@ -7,11 +7,11 @@
 
 Latency figures are nearest-rank percentiles over what was measured: a model call whose backend
 cannot see its first token (`ttft_s` None: the remote server answers in one piece) is counted
-under `calls` but not `measured`. Tool latency is over the calls that returned an observation;
-a call that returned an error for the model (bad arguments: often at once) is counted under
-`errors`, and a step whose tool was refused before it ran (final_answer before `min_tool_steps`)
-under `not_run`, so `count + errors + not_run` equals the trace's steps naming that tool (output
-that did not parse names none).
+under `calls` but not `measured`. Tool latency is over every call that ran, `errors` of them
+returning an error for the model (bad arguments fail at once; an unusable sub-agent reply only
+after the sub-agent's call), and a step whose tool was refused before it ran (final_answer
+before `min_tool_steps`) is counted under `not_run`, so `count + not_run` equals the trace's steps
+naming that tool (output that did not parse names none).
 
 Visual tokens are what the tools charged the episode's budget (`Totals.visual_tokens_used`): every
 clip or still a tool planned and sent, once (stage 2 of view_full_video sends stage 1's clip again
@@ -96,22 +96,20 @@ def trace_figures(steps) -> dict:
         stats = latency_stats(measured)
         ttft[role] = {"calls": len(role_calls), "measured": stats.pop("count"), **stats}
     ran: dict[str, list[float]] = {}
-    other = {"errors": {}, "not_run": {}}
+    errors: dict[str, int] = {}
+    not_run: dict[str, int] = {}
     for step in steps:
         if not step.tool:
             continue
         if step.tool_latency_s <= 0:
-            kind = "not_run"
-        elif step.error:
-            kind = "errors"
-        else:
-            ran.setdefault(step.tool, []).append(step.tool_latency_s)
+            not_run[step.tool] = not_run.get(step.tool, 0) + 1
             continue
-        other[kind][step.tool] = other[kind].get(step.tool, 0) + 1
-    names = set(ran) | set(other["errors"]) | set(other["not_run"])
-    tools = {tool: {**latency_stats(ran.get(tool, [])),
-                    **{kind: other[kind].get(tool, 0) for kind in other}}
-             for tool in sorted(names)}
+        ran.setdefault(step.tool, []).append(step.tool_latency_s)
+        if step.error:
+            errors[step.tool] = errors.get(step.tool, 0) + 1
+    tools = {tool: {**latency_stats(ran.get(tool, [])), "errors": errors.get(tool, 0),
+                    "not_run": not_run.get(tool, 0)}
+             for tool in sorted(set(ran) | set(not_run))}
     return {"ttft": ttft, "tool_latency": tools}
 
 
