@@ -290,8 +290,9 @@ class FrameSource:
                 lowres_for(index.codec, src_w, src_h, width, height)
                 or (src_w * src_h >= LARGE_SOURCE_PIXELS and index.codec in SKIP_NONREF_CODECS)):
             # Reduced-resolution decode, or a large H.264/HEVC source wanted small: PyAV skips
-            # the unwanted non-reference frames and scales + converts in one swscale pass (4K
-            # coarse pass measured: PyAV 3.9 s, torchcodec 6.0 s, ffmpeg decoding all 3.8 s).
+            # the unwanted non-reference frames and scales in YUV before converting the small
+            # frame to RGB (4K coarse pass measured, one-pass swscale then: PyAV 3.9 s,
+            # torchcodec 6.0 s, ffmpeg decoding all 3.8 s; README has the current ratios).
             return self._get_safe()
         key = (decoder.name, index.container, index.codec)
         with _REFUSED_LOCK:
