@@ -1,7 +1,7 @@
 """Frame identity: is each decoded frame the frame that was planned? And can the file be decoded?
 
     mismatches(index, indices, pts) -> list[int]     positions whose pts is not index.pts[i]
-    test_decode(path, index)                         the probe's bounded decodability test
+    test_decode(path, index, container=None)         the probe's bounded decodability test
     reference_decode(path, index, width, height)     every frame, decoded sequentially (slow,
                                                      the ground truth for tests and benchmarks)
 
@@ -21,8 +21,11 @@ Frames at the end that do not decode (a truncated MPEG-TS cut inside its last pa
 MP4's last partial packet) are dropped from the index, so the video is served up to its last
 decodable frame instead of failing later; `index.meta["damage"]` then says what is served.
 Packets the demuxer flags as corrupt (cut off) and FFmpeg rejects are skipped, here, in
-`reference_decode` and in the PyAV decoder alike, as the ffmpeg command line does. If the middle keyframe or nothing at the end decodes, the file is refused with
-`CorruptVideoError` — before any engine starts. Work is bounded: at most 2 × `MAX_TEST_FRAMES`
+`reference_decode` and in the PyAV decoder alike, as the ffmpeg command line does; any other
+decode error ends the tested region there. The end is decoded with one thread, as damaged files
+are served (frame threads lose the frames in flight where a packet fails). If the middle
+keyframe or nothing at the end decodes, the file is refused with `CorruptVideoError` — before
+any engine starts. Work is bounded: at most 2 × `MAX_TEST_FRAMES`
 frames are decoded at the end (a GOP longer than that is not tested).
 """
 from __future__ import annotations
