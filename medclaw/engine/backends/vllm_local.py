@@ -53,6 +53,10 @@ DEFAULT_MM_LIMITS = {"video": 2, "image": 8}
 # 127 tokens of every shared prefix would be recomputed. 32 is the smallest size the CPU attention
 # runs at full speed (it prefers multiples of 32). GPUs keep vLLM's own default (16).
 CPU_BLOCK_SIZE = 32
+# vLLM's CPU build runs the model worker in a process of its own below the engine core. Running it
+# inside the engine core instead (executor "uni", V1 multiprocessing off) starts an engine in 0.65x
+# the time but serves 8 concurrent requests 2.3x slower (benchmarks/engine_start.py,
+# benchmarks/results/cpu-2core-engine-start.json), so vLLM's default stays.
 START_TIMEOUT_S = 1800.0
 SHUTDOWN_TIMEOUT_S = 60.0
 
