@@ -15,6 +15,12 @@ Pixels come from the synthetic videos decoded with PyAV and cut/resized with the
 ground truth (`synth.truth`, `synth.zoom`), never from pixels. The only way a description can be
 right is by seeing: at the whole-frame size a look-alike's mark is about 2 pixels, in a region
 about 6.
+
+The training mix (`random_sample`) leaves the model no other way: answers are drawn balanced
+(kind, then name, then visit), and the prompt names a random time of the video rather than the
+frame's, because with a few dozen training visits the time stamp alone would identify each one.
+Held-out samples (`frame_sample`, `region_sample` without `said`) carry the true time, as the
+tools send it.
 """
 from __future__ import annotations
 
@@ -31,6 +37,11 @@ QUERIES = (                        # what an orchestrator asks a frame tool; the
     "What is in this region?",
 )
 NOTHING = "nothing of note"
+# The training mix (`random_sample`): whole frames vs regions, samples centred on a zoom object,
+# and how the object samples split between kinds (names within a kind are equally likely).
+FRAME_SHARE = 0.1
+OBJECT_SHARE = 0.8
+KIND_SHARE = {"small": 0.4, "look_alike": 0.4, "flash": 0.2}
 WIDTH, HEIGHT, FPS = 320, 180, 25
 
 
@@ -133,21 +144,25 @@ def view(frames, index: int, spec, box=None):
     return resize_crop(clip, out_w, out_h, crop_px)[0].numpy()          # (h, w, 3)
 
 
-def frame_sample(gt, frames, index: int, spec, query: str) -> Sample:
+def frame_sample(gt, frames, index: int, spec, query: str, said: int | None = None) -> Sample:
+    """The whole frame `index`; the prompt names frame `said` (default: `index`)."""
     from medclaw.tools import prompts
 
+    said = index if said is None else said
     return Sample(prompts.FRAME_VERIFIER_SYSTEM,
-                  prompts.frame_prompt(index / gt.fps, index, query),
+                  prompts.frame_prompt(said / gt.fps, said, query),
                   view(frames, index, spec), frame_target(gt, index),
                   {"tool": "select_video_frame", "frame": index})
 
 
-def region_sample(gt, frames, index: int, spec, region, query: str) -> Sample:
+def region_sample(gt, frames, index: int, spec, region, query: str, said: int | None = None) -> Sample:
+    """A region of frame `index`; the prompt names frame `said` (default: `index`)."""
     from medclaw.tools import prompts
 
+    said = index if said is None else said
     region = tuple(round(float(v), 2) for v in region)
     return Sample(prompts.FRAME_VERIFIER_SYSTEM,
-                  prompts.region_prompt(index / gt.fps, index, region, query),
+                  prompts.region_prompt(said / gt.fps, said, region, query),
                   view(frames, index, spec, region), region_target(gt, index, region),
                   {"tool": "crop_video_frame", "frame": index, "region": region})
 
@@ -159,25 +174,60 @@ def _jitter(box, rng, amount: float):
     return x1, y1, x2, y2
 
 
+def _objects(videos) -> dict:
+    """{kind: {name: [(video index, item)]}} over the zoom visits and flashes of `videos`."""
+    table: dict = {}
+    for k, (video, _) in enumerate(videos):
+        zoom = video.gt.zoom
+        items = zoom["visits"] + [dict(f, kind="flash", name="flash", start_frame=f["frame"])
+                                  for f in zoom["flashes"]]
+        for item in items:
+            table.setdefault(item["kind"], {}).setdefault(item["name"], []).append((k, item))
+    return table
+
+
+def _pick(rng, seq):
+    return seq[int(rng.integers(len(seq)))]
+
+
+def _alone(gt, item, rng) -> int:
+    """A frame of `item` on which no other object of its kind is on screen (in a short video two
+    visits of a kind may overlap, and the later one is drawn over the earlier)."""
+    same = [v for v in gt.zoom["visits"] if v["kind"] == item["kind"] and v is not item]
+    frames = [f for f in range(item["start_frame"], item["end_frame"])
+              if not any(v["start_frame"] <= f < v["end_frame"] for v in same)]
+    return _pick(rng, frames or [item["start_frame"]])
+
+
 def random_sample(videos, spec, rng) -> Sample:
-    """One training sample: a frame or a region, biased to frames with something to zoom into."""
-    video, frames = videos[int(rng.integers(len(videos)))]
-    gt = video.gt
-    zoom_items = gt.zoom["visits"] + [dict(f, start_frame=f["frame"]) for f in gt.zoom["flashes"]]
-    if rng.uniform() < 0.7 and zoom_items:
-        item = zoom_items[int(rng.integers(len(zoom_items)))]
-        index = int(rng.integers(item["start_frame"], item["end_frame"]))
+    """One training sample: a whole frame (FRAME_SHARE) or a region, centred on a zoom object
+    (OBJECT_SHARE) or anywhere. Objects are drawn by kind (KIND_SHARE), then by name, then by
+    visit, so every answer is equally frequent and the prior says nothing. The prompt names a
+    random time of the video, not the frame's: with a few dozen training visits, the time stamp
+    alone would identify the answer, and the model would learn that instead of looking."""
+    table = _objects(videos)
+    if rng.uniform() < OBJECT_SHARE and table:
+        kinds = [k for k in KIND_SHARE if k in table]
+        kind = kinds[int(rng.choice(len(kinds), p=[KIND_SHARE[k] / sum(KIND_SHARE[j] for j in kinds)
+                                                   for k in kinds]))]
+        k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+        video, frames = videos[k]
+        index = _alone(video.gt, item, rng)
     else:
-        item, index = None, int(rng.integers(gt.num_frames))
-    query = QUERIES[int(rng.integers(len(QUERIES)))]
-    if rng.uniform() < 0.3:
-        return frame_sample(gt, frames, index, spec, query)
-    if item is not None and rng.uniform() < 0.85:
+        item = None
+        video, frames = _pick(rng, videos)
+        index = int(rng.integers(video.gt.num_frames))
+    gt = video.gt
+    said = int(rng.integers(gt.num_frames))
+    query = _pick(rng, QUERIES)
+    if rng.uniform() < FRAME_SHARE:
+        return frame_sample(gt, frames, index, spec, query, said)
+    if item is not None:
         box = _jitter(item["box"], rng, 0.02)
     else:                                       # any other region: mostly nothing of note
         x1, y1 = rng.uniform(0, 0.8), rng.uniform(0.1, 0.8)
         box = (x1, y1, min(1.0, x1 + rng.uniform(0.08, 0.3)), min(1.0, y1 + rng.uniform(0.08, 0.3)))
-    return region_sample(gt, frames, index, spec, box, query)
+    return region_sample(gt, frames, index, spec, box, query, said)
 
 
 def corpus() -> list[str]:

@@ -95,6 +95,50 @@ def test_a_few_steps_lower_the_loss(base, videos):
     assert losses[-1] < losses[0] - 0.5
 
 
+def test_the_training_mix_is_balanced_and_the_time_stamp_says_nothing(videos):
+    """Every answer of a kind is equally frequent (the prior cannot answer), and the prompt's
+    time is not the frame's (it cannot identify the training visit)."""
+    from collections import Counter
+
+    from medclaw.models.train_data import random_sample
+
+    rng = np.random.default_rng(0)
+    samples = [random_sample(videos, T._Budget(), rng) for _ in range(600)]
+    names = {kind: Counter() for kind in ("small object", "left instrument")}
+    for s in samples:
+        for key, counts in names.items():
+            value = read_field(s.target, key)
+            if value not in (None, "none"):
+                counts[value] += 1
+    gt = videos[0][0].gt
+    for key, kind in (("small object", "small"), ("left instrument", "look_alike")):
+        expected = {v["name"].replace("_", " ") for v in gt.zoom["visits"] if v["kind"] == kind}
+        assert set(names[key]) == expected
+        low, high = min(names[key].values()), max(names[key].values())
+        assert high <= 1.4 * low, names[key]
+    said_own_frame = sum(f"(frame {s.meta['frame']})" in s.prompt for s in samples)
+    assert said_own_frame < 0.05 * len(samples)
+
+
+def test_sample_loss_weighs_every_reply_alike(base, videos):
+    """A five-field frame reply and a one-line region reply count the same in the loss."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    folder, processor = base
+    video, frames = videos[0]
+    gt = video.gt
+    visit = gt.zoom["visits"][0]
+    frame = (visit["start_frame"] + visit["end_frame"]) // 2
+    samples = [frame_sample(gt, frames, frame, T._Budget(), "Describe what is visible."),
+               region_sample(gt, frames, frame, T._Budget(), visit["box"], "What is in this region?")]
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        alone = [float(model(**T._encode(processor, [s])).loss) for s in samples]
+        both = float(T.sample_loss(model, T._encode(processor, samples)))
+    assert both == pytest.approx(sum(alone) / 2, rel=1e-4)
+
+
 def test_manifest_detects_a_changed_file(tmp_path):
     (tmp_path / "vlm").mkdir()
     (tmp_path / "vlm" / "a.bin").write_bytes(b"weights")
