@@ -115,8 +115,8 @@ async def test_concurrent_requests_from_two_event_loops(llm_engine, tool_specs):
 
 @engine_test
 async def test_constrained_tool_calls_all_parse(llm_engine, tool_specs):
-    stats = await bench_kv.constrained_tool_calls(llm_engine, tool_specs, n=100)
-    assert stats["parsed"] == 100, stats["failures"]
+    stats = await bench_kv.constrained_tool_calls(llm_engine, tool_specs, n=40)
+    assert stats["parsed"] == 40, stats["failures"]
     assert len(stats["tools_used"]) >= 2                 # sampling explores the anyOf branches
 
 

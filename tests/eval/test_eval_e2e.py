@@ -49,7 +49,7 @@ def test_eval_compare_distill_end_to_end_on_tiny_engines(medclaw, tmp_path, caps
 
     data_dir = tmp_path / "set"
     assert medclaw(["eval", "make-synthetic", str(data_dir), "--videos", "1", "--minutes", "0.25",
-                    "--per-video", "3"]) == 0
+                    "--per-video", "2"]) == 0
     dataset = data_dir / "dataset.jsonl"
     # Greedy orchestrator (the tools and the judge are greedy already): a rerun must repeat.
     config = tmp_path / "medclaw.yaml"
@@ -98,7 +98,7 @@ def test_eval_compare_distill_end_to_end_on_tiny_engines(medclaw, tmp_path, caps
     assert [r["models"]["roles"]["video_expert"] for r in compared["runs"]] == \
         [[f"tiny-vlm@{vlm_engine.model_revision}"]] * 2
 
-    # distill: 1 mining question, 2 validation questions, at most 1 candidate
+    # distill: 1 mining question, 1 validation question, at most 1 candidate
     lines = dataset.read_text().splitlines()
     (data_dir / "mine.jsonl").write_text(lines[0] + "\n")       # beside the videos: relative paths
     (data_dir / "val.jsonl").write_text("\n".join(lines[1:]) + "\n")
