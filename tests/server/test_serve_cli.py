@@ -48,8 +48,10 @@ def test_serve_refuses_bad_settings_before_any_engine(medclaw_home, tmp_path, ca
 def test_medclaw_serve_runs_a_job_on_the_tiny_engines(medclaw_home, tmp_path, video_root):
     data = tmp_path / "data"
     log = tmp_path / "serve.log"
+    config = tmp_path / "medclaw.yaml"                 # a short episode: the recipe is under test
+    config.write_text("profile: tiny-cpu\nepisode: {max_steps: 2}\n")
     command = [str(Path(sys.executable).with_name("medclaw")), "serve", "--port", "0",
-               "--allow-root", str(video_root), "--data-dir", str(data)]
+               "--allow-root", str(video_root), "--data-dir", str(data), "--config", str(config)]
     with open(log, "w") as stderr:
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
                                   env={**os.environ, "MEDCLAW_HOME": str(medclaw_home)})
