@@ -127,9 +127,11 @@ def _check_pixels(p: Path, width: int, height: int, max_pixels: int | None) -> N
 
 
 def _usable(index, assumed_fps: float | None):
-    """`index`, or None when the user overrides the rate it assumed for a raw stream."""
-    if index is not None and not index.has_pts and assumed_fps \
-            and abs(index.tb_den / index.tb_num - assumed_fps) > 1e-6:
+    """`index`, or None where it dates a raw stream (no pts) at another rate than this probe
+    asks for. Without `assumed_fps` the rate is the stream's declared one, which only a scan
+    reads, so a stored raw-stream index is not reused then: it may hold an earlier user's rate."""
+    if index is not None and not index.has_pts and (
+            assumed_fps is None or abs(index.tb_den / index.tb_num - assumed_fps) > 1e-6):
         return None
     return index
 

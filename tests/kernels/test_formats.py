@@ -148,6 +148,10 @@ def test_raw_h264_is_decoded_at_an_assumed_rate_the_user_can_override(folder):
     plan = plan_frames(faster, 1.0, 2.0, fps=4.0)
     assert plan.frame_indices[0] == 50
     assert read_frame_indices(FrameSource().get(faster, plan)) == list(plan.frame_indices)
+    # The index stored at 50 fps is not an answer for a probe that gives no rate: the stream's
+    # declared 25 fps is (the full suite found a 50 left by an earlier probe of the same bytes)
+    assert probe_video(path).fps == pytest.approx(25.0)
+    assert probe_video(path, assumed_fps=50.0).fps == pytest.approx(50.0)
     # The stored index gone (evicted, new process): rebuilt at the rate this probe assumed,
     # not at the stream's declared 25 fps.
     from medclaw.kernels import index as index_mod
