@@ -53,14 +53,19 @@ def videos(tmp_path_factory):
     return render(tmp_path_factory.mktemp("train-videos"), (11,), minutes=0.2)
 
 
-def test_prompts_and_targets_are_short_and_labels_line_up(base, videos):
-    _, processor = base
+@pytest.fixture(scope="module")
+def two_samples(videos):
+    """The whole frame and the region of the first visit's middle frame, as the tools send them."""
     video, frames = videos[0]
-    gt = video.gt
-    visit = gt.zoom["visits"][0]
+    visit = video.gt.zoom["visits"][0]
     frame = (visit["start_frame"] + visit["end_frame"]) // 2
-    samples = [frame_sample(gt, frames, frame, T._Budget(), "Describe what is visible."),
-               region_sample(gt, frames, frame, T._Budget(), visit["box"], "What is in this region?")]
+    return [frame_sample(video.gt, frames, frame, T._Budget(), "Describe what is visible."),
+            region_sample(video.gt, frames, frame, T._Budget(), visit["box"], "What is in this region?")]
+
+
+def test_prompts_and_targets_are_short_and_labels_line_up(base, two_samples):
+    _, processor = base
+    samples = two_samples
     # the tools size images like this: a whole frame at 140x84, a region at >= 56x56
     assert samples[0].image.shape == (84, 140, 3)
     assert min(samples[1].image.shape[:2]) >= 56
@@ -120,18 +125,13 @@ def test_the_training_mix_is_balanced_and_the_time_stamp_says_nothing(videos):
     assert said_own_frame < 0.05 * len(samples)
 
 
-def test_sample_loss_weighs_every_reply_alike(base, videos):
+def test_sample_loss_weighs_every_reply_alike(base, two_samples):
     """A five-field frame reply and a one-line region reply count the same in the loss."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     folder, processor = base
-    video, frames = videos[0]
-    gt = video.gt
-    visit = gt.zoom["visits"][0]
-    frame = (visit["start_frame"] + visit["end_frame"]) // 2
-    samples = [frame_sample(gt, frames, frame, T._Budget(), "Describe what is visible."),
-               region_sample(gt, frames, frame, T._Budget(), visit["box"], "What is in this region?")]
+    samples = two_samples
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         alone = [float(model(**T._encode(processor, [s])).loss) for s in samples]
