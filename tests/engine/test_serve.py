@@ -133,9 +133,10 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
         config.write_text(out_path.read_text())          # the lines `serve` printed, verbatim
         with pytest.MonkeyPatch.context() as patch:      # this module's store, for load_models
             patch.setenv("MEDCLAW_MODELS_DIR", str(models_dir))
-            yield f"{url}/v1", config, log_path
+            yield f"{url}/v1", config, log_path, server
     finally:
-        os.killpg(server.pid, signal.SIGTERM)            # the server's own process group
+        if server.poll() is None:                        # the last test kills it on purpose
+            os.killpg(server.pid, signal.SIGTERM)        # the server's own process group
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -229,7 +230,7 @@ async def test_stage2_reuses_the_kv_without_reuploading(remote, served):
 def test_episode_trace_cached_tokens_equal_server_metrics(served, synth_video, tmp_path, capsys):
     """A whole `medclaw ask` with every generation role on the server: the trace's cached tokens
     are exactly what the server counted."""
-    base_url, printed, log = served
+    base_url, printed, log, _ = served
     entry = yaml.safe_load(printed.read_text())["models"]["video_expert"]
     config = tmp_path / "all-remote.yaml"
     config.write_text(yaml.safe_dump({"models": {role: entry for role in (
@@ -256,3 +257,70 @@ def test_episode_trace_cached_tokens_equal_server_metrics(served, synth_video, t
     assert metric(base_url, "vllm:prefix_cache_hits_total") - hits_before == cached
     assert metric(base_url, "vllm:prefix_cache_queries_total") - queries_before == \
         sum(call.num_prompt_tokens for call in calls)
+
+
+# ------------------------------------------------------------------ last: it kills the server
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_server_killed_mid_episode_is_exit_3_with_the_trace(served, monkeypatch, tmp_path,
+                                                             synth_video, capsys):
+    """The review's case: the orchestrator's vLLM server is SIGKILLed after the first step. It used
+    to come out as ConfigError (exit 2, "bad input") with no trace path and nothing on stdout.
+    (This module's server, so it must stay the module's last test.)"""
+    import medclaw.engine.runtime as runtime_module
+    from medclaw.engine.backends.fake import ScriptedBackend
+    from medclaw.engine.backends.remote import RemoteBackend
+    from medclaw.engine.runtime import Runtime
+    from medclaw.engine.trace import Trace
+    from medclaw.models.registry import load_models
+    from medclaw.models.spec import ModelSpec
+    from medclaw.skills.library import SkillLibrary
+
+    _, printed, _, server = served
+    spec = load_models(printed)["video_expert"]          # the served model, as the orchestrator
+    remote = RemoteBackend(spec)
+
+    class KillsItsServer:
+        """The real remote backend; after its first answer the server process group is killed."""
+
+        supports_json_schema, supports_media = remote.supports_json_schema, remote.supports_media
+
+        async def generate(self, requests):
+            results = await remote.generate(requests)
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=60)
+            return results
+
+        async def generate_one(self, request):
+            return (await self.generate([request]))[0]
+
+        async def close(self):
+            await remote.close()
+
+    vlm = ScriptedBackend(lambda request: "[00:00-00:01] a grasper enters the view")
+    specs = {"orchestrator": spec,
+             **{role: ModelSpec(name="scripted", path=str(tmp_path), backend="fake")
+                for role in ("video_expert", "frame_verifier")}}
+    runtime = Runtime(specs, skills=SkillLibrary(),
+                      backends={"orchestrator": KillsItsServer(), "video_expert": vlm,
+                                "frame_verifier": vlm})
+    monkeypatch.setattr(runtime_module, "open_runtime", lambda **kwargs: runtime)
+    # greedy: vLLM 0.32's CPU server dies on a seeded request whose prefill is chunked
+    config = tmp_path / "medclaw.yaml"
+    config.write_text("episode:\n  orchestrator_temperature: 0.0\n")
+    rc = main(["ask", str(synth_video.path), "Which instrument was brought in just before the "
+               "vessel was cut?", "--json", "--max-steps", "4", "--config", str(config),
+               "--trace-dir", str(tmp_path / "traces")])
+    captured = capsys.readouterr()
+    assert rc == 3, captured.err
+    [line] = captured.out.splitlines()
+    out = json.loads(line)
+    assert out["status"].startswith("failed:") and "cannot reach" in out["error"]
+    assert out["steps"] == 1 and out["answer"] is None
+    assert f"medclaw: error: model '{spec.name}': cannot reach" in captured.err
+    assert f"medclaw: trace: {out['trace']}" in captured.err
+    trace = Trace.load(out["trace"])
+    assert len(trace.steps) == 1 and trace.steps[0]["orchestrator_call"]["model_name"] == spec.name
+    assert trace.footer["status"].startswith("failed: EngineLostError")
