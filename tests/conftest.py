@@ -146,6 +146,38 @@ def llm_engine(tiny_llm_spec):
     yield backend
     backend.shutdown()
 
+@pytest.fixture
+def serve_roles_with(monkeypatch):
+    """`serve_roles_with(backends)`: from now on, commands resolve their models, KB and skills for
+    real (`open_runtime`), but `backends` (role → backend) serve the roles, so no command starts
+    (or closes) an engine of its own. Returns the list of the runtimes opened, in order."""
+    import medclaw.engine.runtime as runtime_module
+
+    real_open = runtime_module.open_runtime
+
+    def patch(backends: dict) -> list:
+        opened = []
+
+        def open_runtime(**kwargs):
+            resolved = real_open(**kwargs)
+            opened.append(runtime_module.Runtime(
+                resolved.specs, backends=dict(backends), knowledge_base=resolved.knowledge_base,
+                skills=resolved.skills))
+            return opened[-1]
+
+        monkeypatch.setattr(runtime_module, "open_runtime", open_runtime)
+        return opened
+
+    return patch
+
+
+@pytest.fixture
+def on_session_engines(serve_roles_with, llm_engine, vlm_engine) -> list:
+    """Commands run on the session's tiny engines (see `serve_roles_with`)."""
+    return serve_roles_with({"orchestrator": llm_engine, "judge": llm_engine,
+                             "video_expert": vlm_engine, "frame_verifier": vlm_engine})
+
+
 @pytest.fixture(scope="session")
 def random_clip():
     """`random_clip(seed, T=16, H=224, W=224)` → uint8 (T, H, W, 3) frames; sizes are multiples

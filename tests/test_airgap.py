@@ -164,30 +164,12 @@ def test_kb_build_and_search_under_the_guard(tmp_path, capsys, airgap_log):
     assert airgap_log.violations() == []
 
 
-def _runtime_on_session_engines(monkeypatch, llm_engine, vlm_engine) -> None:
-    """Commands resolve their real models, KB and skills; the session's engines serve them."""
-    import medclaw.engine.runtime as runtime_module
-
-    real_open = runtime_module.open_runtime
-    backends = {"orchestrator": llm_engine, "judge": llm_engine,
-                "video_expert": vlm_engine, "frame_verifier": vlm_engine}
-
-    def open_runtime(**kwargs):
-        resolved = real_open(**kwargs)
-        return runtime_module.Runtime(resolved.specs, backends=backends,
-                                      knowledge_base=resolved.knowledge_base, skills=resolved.skills)
-
-    monkeypatch.setattr(runtime_module, "open_runtime", open_runtime)
-
-
 @pytest.mark.engine
-def test_ask_under_the_guard(monkeypatch, tmp_path, synth_video, capsys, airgap_log, llm_engine,
-                             vlm_engine):
+def test_ask_under_the_guard(on_session_engines, tmp_path, synth_video, capsys, airgap_log):
     """A real `medclaw ask` in this guarded process on the session's engines (whose core processes
     this process spawned under the guard). That a fresh CLI process's own engine cores are guarded
     too is checked where one starts them: tests/server/test_serve_cli.py. Before VLLM_HOST_IP was
     pinned to loopback, every engine core process connected a UDP socket to 8.8.8.8 here."""
-    _runtime_on_session_engines(monkeypatch, llm_engine, vlm_engine)
     rc = main(["ask", str(synth_video.path), "What happens first?", "--json", "--max-steps", "2",
                "--trace-dir", str(tmp_path / "traces")])
     answer = json.loads(capsys.readouterr().out)
@@ -230,8 +212,7 @@ def test_bench_kv_on_guarded_engines(monkeypatch, capsys, airgap_log, tiny_vlm_s
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_demo_on_guarded_engines(monkeypatch, tmp_path, capsys, airgap_log, llm_engine, vlm_engine):
-    _runtime_on_session_engines(monkeypatch, llm_engine, vlm_engine)
+def test_demo_on_guarded_engines(on_session_engines, tmp_path, capsys, airgap_log):
     rc = main(["demo", "--out-dir", str(tmp_path / "demo"), "--minutes", "0.5", "--max-steps", "2",
                "--json"])
     summary = json.loads(capsys.readouterr().out)

@@ -21,38 +21,21 @@ def medclaw(monkeypatch):
     return cli.main
 
 
-def _patch_runtime(monkeypatch, backends_for_roles):
-    """Real model resolution, KB load and skills; the given backends serve the roles."""
-    import medclaw.engine.runtime as runtime_module
-
-    real_open = runtime_module.open_runtime
-    opened = {}
-
-    def open_runtime(**kwargs):
-        resolved = real_open(**kwargs)
-        opened["kb"] = resolved.knowledge_base
-        return runtime_module.Runtime(resolved.specs, backends=backends_for_roles,
-                                      knowledge_base=resolved.knowledge_base, skills=resolved.skills)
-
-    monkeypatch.setattr(runtime_module, "open_runtime", open_runtime)
-    return opened
-
-
 def test_bad_minutes_is_a_one_line_error(medclaw, tmp_path, capsys):
     assert medclaw(["demo", "--out-dir", str(tmp_path), "--minutes", "0.1"]) == 2
     assert "--minutes" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_demo_pipeline_and_summary(medclaw, monkeypatch, tmp_path, capsys):
+def test_demo_pipeline_and_summary(medclaw, serve_roles_with, tmp_path, capsys):
     def orchestrator(request):
         turns = sum(1 for m in request.messages if m["role"] == "assistant")
         return LOAD if turns < 2 else FINAL
 
     scripted = ScriptedBackend(orchestrator)
-    opened = _patch_runtime(monkeypatch, {"orchestrator": scripted, "judge": scripted,
-                                          "video_expert": ScriptedBackend([]),
-                                          "frame_verifier": ScriptedBackend([])})
+    opened = serve_roles_with({"orchestrator": scripted, "judge": scripted,
+                               "video_expert": ScriptedBackend([]),
+                               "frame_verifier": ScriptedBackend([])})
     out_dir = tmp_path / "demo"
     assert medclaw(["demo", "--out-dir", str(out_dir), "--minutes", "0.5", "--json"]) == 0
     captured = capsys.readouterr()
@@ -65,7 +48,7 @@ def test_demo_pipeline_and_summary(medclaw, monkeypatch, tmp_path, capsys):
     assert summary["answer"] == "the grasper" and summary["status"] == "answered"
     assert summary["tools"] == ["load_skill", "load_skill", "final_answer"]
     assert set(summary["timings_s"]) == {"synth_s", "kb_build_s", "engine_start_s", "episode_s"}
-    assert (out_dir / "kb" / "manifest.json").is_file() and opened["kb"] is not None
+    assert (out_dir / "kb" / "manifest.json").is_file() and opened[-1].knowledge_base is not None
     assert json.loads(open(summary["trace"]).readline())["type"] == "header"
     # the system prompt the orchestrator got lists the shipped skill
     assert "directed-relook" in scripted.requests[0].messages[0]["content"][0]["text"]
@@ -73,9 +56,7 @@ def test_demo_pipeline_and_summary(medclaw, monkeypatch, tmp_path, capsys):
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_demo_on_tiny_engines(medclaw, monkeypatch, tmp_path, capsys, llm_engine, vlm_engine):
-    _patch_runtime(monkeypatch, {"orchestrator": llm_engine, "judge": llm_engine,
-                                 "video_expert": vlm_engine, "frame_verifier": vlm_engine})
+def test_demo_on_tiny_engines(medclaw, on_session_engines, tmp_path, capsys):
     rc = medclaw(["demo", "--out-dir", str(tmp_path / "demo"), "--minutes", "0.5", "--max-steps", "4"])
     out = capsys.readouterr().out
     assert "TINY RANDOM WEIGHTS" in out

@@ -14,26 +14,11 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
-def medclaw(monkeypatch, llm_engine, vlm_engine):
+def medclaw(monkeypatch, on_session_engines):
     """`medclaw` whose runtimes resolve the tiny-cpu profile for real but run on the session's
     engines (owned by the fixtures, so no command closes or restarts them)."""
-    import medclaw.engine.runtime as runtime_module
-
-    real_open = runtime_module.open_runtime
-    engines = {"orchestrator": llm_engine, "judge": llm_engine, "video_expert": vlm_engine,
-               "frame_verifier": vlm_engine}
-    runtimes = []
-
-    def open_runtime(**kwargs):
-        resolved = real_open(**kwargs)
-        runtime = runtime_module.Runtime(resolved.specs, backends=dict(engines),
-                                         knowledge_base=resolved.knowledge_base, skills=resolved.skills)
-        runtimes.append(runtime)
-        return runtime
-
-    monkeypatch.setattr(runtime_module, "open_runtime", open_runtime)
     monkeypatch.setattr(cli, "COMMANDS", {k: cli.COMMANDS[k] for k in ("eval", "distill")})
-    cli.main.runtimes = runtimes
+    cli.main.runtimes = on_session_engines
     return cli.main
 
 
