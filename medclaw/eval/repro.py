@@ -6,9 +6,10 @@
 Two runs of the same inputs with the same seed must give equal canonical traces: the same
 question, video hash, models and revisions, system prompt, every tool call and argument, every
 frame index and timestamp, every model's text and token counts, the same answer. Left out
-(`VOLATILE`): wall-clock stamps and latencies (time to first token too), how many prompt tokens the prefix cache happened to
-serve (a second run finds the first one's KV), where the trace was written (`trace_dir`, and the
-config digest that covers it) and the source checkout's `git describe`.
+(`VOLATILE`): wall-clock stamps and latencies (time to first token too), how many prompt tokens
+the prefix cache happened to serve (a second run finds the first one's KV), where the trace was
+written (`trace_dir`, and the config digest that covers it) and the source checkout's
+`git describe`.
 
 On vLLM's CPU engines sampling is seeded per engine, not per request (per-request seeds break
 chunked prefill there), so a run at temperature > 0 repeats exactly only on a fresh engine with
@@ -18,7 +19,8 @@ it repeats on the same engines too.
 from __future__ import annotations
 
 VOLATILE = frozenset({
-    "created_at", "ended_at", "latency_s", "ttft_s", "tool_latency_s", "started_at_s", "wall_s", "elapsed_s",
+    "created_at", "ended_at", "latency_s", "ttft_s", "tool_latency_s", "started_at_s", "wall_s",
+    "elapsed_s",
     "num_cached_tokens", "cached_tokens", "cached_hit_rate", "trace_dir", "config_sha256",
     "git_describe",
 })

@@ -146,7 +146,7 @@ def _stored_index(p: Path, use_cache: bool, assumed_fps: float | None):
         st = os.stat(real)
     except OSError:
         return None
-    sha = _cached_sha256((real, st.st_size, st.st_mtime_ns), real, st)
+    sha = _cached_sha256(real, st)
     return _usable(load_index(sha), assumed_fps) if sha else None
 
 
@@ -378,7 +378,7 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
     st = os.stat(real)
     key = (real, st.st_size, st.st_mtime_ns)
     if use_cache:
-        known = _cached_sha256(key, real, st)
+        known = _cached_sha256(real, st)
         if known:
             return known
     digest = hashlib.sha256()
@@ -395,8 +395,9 @@ def file_sha256(path, *, use_cache: bool = True) -> str:
     return sha
 
 
-def _cached_sha256(key, real: str, st: os.stat_result) -> str | None:
+def _cached_sha256(real: str, st: os.stat_result) -> str | None:
     """The sha256 cached for (real path, size, mtime_ns) in memory or on disk, else None."""
+    key = (real, st.st_size, st.st_mtime_ns)
     with _SHA_LOCK:
         if key in _SHA_CACHE:
             _SHA_CACHE.move_to_end(key)

@@ -30,6 +30,8 @@ frames are decoded at the end (a GOP longer than that is not tested).
 """
 from __future__ import annotations
 
+import contextlib
+
 from medclaw.kernels.errors import CorruptVideoError
 
 MAX_TEST_FRAMES = 600
@@ -107,13 +109,11 @@ def test_decode(path, index, container=None) -> None:
         from medclaw.kernels.decoders.pyav_decoder import FrameMissing, iter_frames
         import av
 
+        own = container is None
         try:
-            if container is None:
-                container, stream = _open(path)
-                with container:
-                    for _ in iter_frames(container, stream, index, [middle], dense=True):
-                        pass
-            else:
+            if own:
+                container, _ = _open(path)
+            with container if own else contextlib.nullcontext():
                 for _ in iter_frames(container, container.streams.video[0], index, [middle],
                                      dense=True):
                     pass

@@ -21,10 +21,10 @@ identical pixels.
 Opening: FFmpeg's stream analysis on open (`avformat_find_stream_info`) decodes the first frames
 to learn the codec's reorder depth — at 4K a keyframe costs as much as ~30 P-frames — which the
 probe already learned; `open_input` skips that decode when the index carries the depth and gives
-the codec context that depth itself (what a plain open would have given it). Codecs that can decode at reduced resolution
-(`LOWRES_CODECS`: MJPEG, MPEG-1/2, MPEG-4 Part 2 — FFmpeg's `lowres`, 1/2, 1/4 or 1/8 of each side)
-do so when the output needs at most that many pixels: a 4K MJPEG frame wanted at 644×364 is
-decoded at 960×540, never at full size.
+the codec context that depth itself (what a plain open would have given it).
+Codecs that can decode at reduced resolution (`LOWRES_CODECS`: MJPEG, MPEG-1/2, MPEG-4 Part 2 —
+FFmpeg's `lowres`, 1/2, 1/4 or 1/8 of each side) do so when the output needs at most that many
+pixels: a 4K MJPEG frame wanted at 644×364 is decoded at 960×540, never at full size.
 """
 from __future__ import annotations
 
