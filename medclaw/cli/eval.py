@@ -6,6 +6,7 @@ compare backbones.
                  [--format auto|medclaw|medclawbench|svu31k] [--on-bad-record stop|skip]
                  [--max-steps N] [--limit N]
     medclaw eval make-synthetic OUT_DIR --videos N --minutes M [--seed S] [--per-video K]
+                                [--zoom] [--families F,...]
     medclaw eval report DIR
     medclaw eval compare RUN_DIR... [--out DIR]
 
@@ -85,6 +86,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--split", default="synthetic", help="split name of every record")
     synth.add_argument("--size", default="320x180", metavar="WxH", help="frame size (default 320x180)")
     synth.add_argument("--fps", type=float, default=25.0)
+    synth.add_argument("--zoom", action="store_true",
+                       help="add what only a closer look resolves (small objects, look-alikes told "
+                            "apart by a small mark, short flashes) and its question families")
+    synth.add_argument("--families", metavar="F[,F...]",
+                       help="keep only these question families, e.g. small_object,look_alike "
+                            "(default: all)")
     synth.set_defaults(handler=_make_synthetic)
 
     report = sub.add_parser("report", help="(re)write DIR/report.{md,json,png}")
@@ -118,8 +125,10 @@ def _make_synthetic(args) -> int:
     try:
         path = make_synthetic(args.out_dir, videos=args.videos, minutes=args.minutes, seed=args.seed,
                               width=width, height=height, fps=args.fps, split=args.split,
-                              per_video=args.per_video)
-    except ValueError as err:                       # the generator's size / length checks
+                              per_video=args.per_video, zoom=args.zoom,
+                              families=tuple(f.strip() for f in args.families.split(",") if f.strip())
+                              if args.families else None)
+    except ValueError as err:                       # the generator's size / length checks, families
         raise ConfigError(str(err)) from None
     count = sum(1 for line in path.read_text().splitlines() if line.strip())
     print(f"{path} ({count} questions over {args.videos} video(s))")

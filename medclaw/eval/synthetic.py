@@ -14,8 +14,17 @@ drew, never from pixels. Question families (`QUESTIONS`), each with a gold windo
     phase        (VPR)   which phase is shown at t; window = that phase
     phase_content(VPR)   which instruments are used during a phase; window = that phase
 
-Questions are interleaved by family so that `per_video` keeps a mix. Ids are `v<k>-<family>-<n>`.
-Deterministic from the arguments.
+With `zoom=True` the videos also carry the zoom content (`synth.zoom`: small objects, look-alikes
+told apart by a small mark, short flashes) and its questions join the families:
+
+    small_object (VPR)   which small object lies in the field at t; window = t ± ZOOM_WINDOW_S
+    look_alike   (VPR)   dissector or bipolar (the marked one) at t; window = t ± ZOOM_WINDOW_S
+    short_event  (VTR)   which instrument came in just after a cautery flash; window = flash to
+                         that arrival
+
+`families` keeps only the named families (default: all of them). Questions are interleaved by
+family so that `per_video` keeps a mix. Ids are `v<k>-<family>-<n>`. Deterministic from the
+arguments.
 """
 from __future__ import annotations
 
@@ -112,16 +121,39 @@ def _phase_content(gt: GroundTruth, rng) -> list[dict]:
                  choices=[_label(n) for n in INSTRUMENT_NAMES])]
 
 
+def _zoom(gt: GroundTruth) -> list[list[dict]]:
+    """The zoom questions of `gt` (`synth.zoom`), one list per family."""
+    from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
+
+    choices = {"small_object": [_label(n) for n in SMALL_OBJECTS],
+               "look_alike": [_label(n) for n in LOOK_ALIKES],
+               "short_event": [_label(n) for n in INSTRUMENT_NAMES]}
+    families: dict[str, list[dict]] = {kind: [] for kind in ZOOM_QUESTIONS}
+    for q in (gt.zoom or {}).get("qa", []):
+        times = q["evidence_times_s"]
+        window = ([_round(times[0] - ZOOM_WINDOW_S), _round(times[0] + ZOOM_WINDOW_S)]
+                  if len(times) == 1 else [_round(min(times)), _round(max(times))])
+        families[q["kind"]].append(dict(
+            type="VTR" if q["kind"] == "short_event" else "VPR", subtype=q["kind"],
+            question=q["question"], gold=q["answer"], gold_value=q["answer_value"],
+            gold_window_s=window, choices=choices[q["kind"]]))
+    return list(families.values())
+
+
 QUESTIONS = ("before_after", "count", "presence", "phase", "phase_content")
+ZOOM_QUESTIONS = ("small_object", "look_alike", "short_event")
+# A zoom question names its moment; the evidence is that moment, a frame-exact answer cites it.
+ZOOM_WINDOW_S = 0.5
 
 
-def questions_for(gt: GroundTruth, seed: int) -> list[dict]:
+def questions_for(gt: GroundTruth, seed: int, families: tuple[str, ...] | None = None) -> list[dict]:
     """The question dicts of one video, interleaved by family (see module docstring)."""
     import numpy as np
 
     rng = np.random.default_rng(seed + 7919)    # apart from the renderer's own stream
-    families = [_before_after(gt), _counts(gt), _presence(gt, rng), _phase(gt, rng),
-                _phase_content(gt, rng)]
+    lists = [_before_after(gt), _counts(gt), _presence(gt, rng), _phase(gt, rng),
+             _phase_content(gt, rng), *(_zoom(gt) if gt.zoom else [])]
+    families = [[q for q in f if families is None or q["subtype"] in families] for f in lists]
     out, depth = [], max(len(f) for f in families)
     for level in range(depth):
         out.extend(f[level] for f in families if level < len(f))
@@ -130,17 +162,26 @@ def questions_for(gt: GroundTruth, seed: int) -> list[dict]:
 
 def make_synthetic(out_dir: str | Path, *, videos: int, minutes: float, seed: int = 0,
                    width: int = 320, height: int = 180, fps: float = 25, split: str = "synthetic",
-                   per_video: int | None = None) -> Path:
+                   per_video: int | None = None, zoom: bool = False,
+                   families: tuple[str, ...] | None = None) -> Path:
     """Render `videos` procedure videos and write OUT_DIR/dataset.jsonl (see module docstring)."""
     from medclaw.synth.video import synthesize
+    from medclaw.synth.zoom import ZoomOptions
+
+    known = QUESTIONS + (ZOOM_QUESTIONS if zoom else ())
+    unknown = sorted(set(families or ()) - set(known))
+    if unknown:
+        raise ValueError(f"unknown question families {unknown}; known: {', '.join(known)}"
+                         + ("" if zoom else " (zoom families need zoom)"))
 
     out = Path(out_dir)
     (out / "videos").mkdir(parents=True, exist_ok=True)
     records: list[EvalRecord] = []
     for k in range(videos):
         video = synthesize(out / "videos" / f"video-{k}.mp4", minutes=minutes, seed=seed + k,
-                           width=width, height=height, fps=fps, progress=False)
-        items = questions_for(video.gt, seed + k)
+                           width=width, height=height, fps=fps, progress=False,
+                           zoom=ZoomOptions.all() if zoom else None)
+        items = questions_for(video.gt, seed + k, families)
         if per_video is not None:
             items = items[:per_video]
         counters: dict[str, int] = {}

@@ -3,6 +3,7 @@ reported with their line numbers, and the caller chooses to stop or to skip them
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -101,3 +102,30 @@ def test_synthetic_set_gold_comes_from_the_ground_truth(tmp_path):
     phase = next(p for p in gt.phases if p["name"] == by["phase"].gold_value)
     assert by["phase"].gold_window_s == (round(phase["start_s"], 2), round(phase["end_s"], 2))
     assert all(r.gold_window_s[1] <= gt.duration_s for r in records)
+
+
+def test_zoom_set_asks_what_the_ground_truth_drew(tmp_path):
+    from medclaw.eval.synthetic import ZOOM_WINDOW_S, make_synthetic
+    from medclaw.synth.truth import GroundTruth
+
+    path = make_synthetic(tmp_path / "set", videos=1, minutes=0.5, seed=5000, zoom=True,
+                          families=("small_object", "look_alike"))
+    records, _ = read_dataset(path)
+    gt = GroundTruth.load(tmp_path / "set" / "videos" / "video-0.json")
+    assert sorted(r.subtype for r in records) == ["look_alike"] * 2 + ["small_object"] * 2
+    for r in records:
+        t = float(re.search(r"(\d+(?:\.\d+)?) s\b", r.question).group(1))
+        frame = gt.frame_at(t)
+        kind = "small" if r.subtype == "small_object" else "look_alike"
+        on_screen = [v["name"].replace("_", " ") for v in gt.zoom["visits"]
+                     if v["kind"] == kind and v["start_frame"] <= frame < v["end_frame"]]
+        assert on_screen == [r.gold_value], (r.question, on_screen)
+        assert r.gold_value in r.choices
+        assert r.gold_window_s == (round(t - ZOOM_WINDOW_S, 2), round(t + ZOOM_WINDOW_S, 2))
+
+
+def test_zoom_families_need_zoom(tmp_path):
+    from medclaw.eval.synthetic import make_synthetic
+
+    with pytest.raises(ValueError, match="zoom families need zoom"):
+        make_synthetic(tmp_path / "set", videos=1, minutes=0.25, seed=3, families=("look_alike",))
