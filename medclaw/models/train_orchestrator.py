@@ -1,0 +1,457 @@
+"""The trained miniature's orchestrator: a tiny Qwen2 text model that imitates a scripted expert.
+
+    train_orchestrator(out_dir, seed=0, steps=STEPS, progress=True) -> dict (the report)
+
+1. Renders zoom videos (`synth.zoom.ZoomOptions.all()`) for TRAIN_SEEDS (lengths TRAIN_MINUTES,
+   cycled, so times of up to two minutes occur) and plays expert episodes on them through the
+   real episode loop (`orchestrator_data`): the real system prompt (tool specs, skill index; with
+   and without a knowledge base's type enum), question turn, observations of the real
+   `crop_video_frame`, and the expert's compact JSON actions. The mix (`CASE_MIX`) makes copying
+   the only way to imitate: the asked time is drawn anywhere in the video, and the name the
+   verifier says is drawn at random, so neither the time nor the answer can be memorised.
+2. Trains a byte-level BPE on those texts, with digits split one by one and no split at
+   spaces: the fixed system prompt becomes a few hundred tokens (`report["prompt_tokens"]`), an
+   action a few dozen, and a time is copied digit by digit. The tokenizer is saved as a plain
+   fast tokenizer (`tokenizer_class` PreTrainedTokenizerFast): transformers' Qwen2Tokenizer class
+   would replace the pre-tokenizer on load and the ids would differ from the trained ones.
+3. Builds a Qwen2 model (`SIZES`: the tiny:llm shape, more heads and layers) and trains it with
+   transformers + accelerate on CPU, one thread, loss on the assistant replies only. Each
+   training sequence is the last request of an episode rendered by the model's chat template
+   exactly as the engine renders it (`engine.backends.base.render_prompt`) plus the last reply;
+   every earlier prompt + reply must be a token prefix of it, or training stops (the text would
+   not be what an episode sends).
+4. Writes OUT (bf16 safetensors, tokenizer, config, generation config) and evaluates it on
+   held-out seeds (EVAL_SEEDS, never trained on) by letting the saved model drive the real
+   episode loop through the transformers backend with schema-constrained decoding (xgrammar,
+   as vLLM does), the verifier replying ideally: an episode counts when every action equals
+   the expert's on the same conversation (`same_action`: tool, time within TIME_TOL, box within
+   BOX_TOL, answer name exact).
+
+Deterministic in `seed` on one machine (data draws, init); scores reproduce within noise across
+machines. The expert, its cases and what "the same action" means live in `orchestrator_data`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS = 400
+BATCH = 8
+LR = 2e-3
+VOCAB_SIZE = 2048
+SIZES = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, max_position_embeddings=32768, rms_norm_eps=1e-6,
+             max_window_layers=2)
+TRAIN_SEEDS = tuple(range(1000, 1016))
+TRAIN_MINUTES = (0.2, 0.5, 1.0, 2.0)          # cycled over TRAIN_SEEDS
+EVAL_SEEDS = tuple(range(5000, 5006))
+EVAL_MINUTES = 0.5
+EPISODES = 640                                # expert episodes played for training
+# Which case each training episode is (orchestrator_data.Case.replies); the rest: the question's
+# own time and an ideal verifier.
+CASE_MIX = {"random_time": 0.35, "other_name": 0.1, "retry": 0.15, "retry_fails": 0.05}
+KB_SHARE = 0.5                                # episodes whose system prompt has a KB type enum
+TIME_TOL = 0.05
+BOX_TOL = 0.01
+THREADS = 1                                   # see train_tiny.THREADS
+MAX_NEW_TOKENS = 160
+
+
+# ------------------------------------------------------------------------------------ episodes
+
+def _specs(root: Path) -> dict:
+    """Role specs for playing episodes: scripted models, the tiny-trained verifier's budgets."""
+    from medclaw.models.spec import ModelSpec
+    from medclaw.models.train_tiny import MAX_PIXELS, MIN_PIXELS
+
+    vlm = dict(backend="fake", min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    return {"orchestrator": ModelSpec(name="expert", path=str(root / "expert"), backend="fake"),
+            "video_expert": ModelSpec(name="verifier", path=str(root / "verifier"), **vlm),
+            "frame_verifier": ModelSpec(name="verifier", path=str(root / "verifier"), **vlm)}
+
+
+def render_videos(root: Path, seeds, minutes) -> list:
+    """[(SynthVideo, VideoInfo)] for `seeds` (minutes: one length, or lengths cycled)."""
+    from medclaw.kernels.probe import probe_video
+    from medclaw.models.train_data import FPS, HEIGHT, WIDTH
+    from medclaw.synth.video import synthesize
+    from medclaw.synth.zoom import ZoomOptions
+
+    lengths = minutes if isinstance(minutes, (tuple, list)) else (minutes,)
+    videos = []
+    for k, seed in enumerate(seeds):
+        video = synthesize(root / f"orch-{seed}.mp4", minutes=lengths[k % len(lengths)], seed=seed,
+                           width=WIDTH, height=HEIGHT, fps=FPS, zoom=ZoomOptions.all(), progress=False)
+        videos.append((video, probe_video(str(video.path))))
+    return videos
+
+
+def question_cases(videos) -> list:
+    """A Case per small-object / look-alike question of `videos`, with an ideal verifier."""
+    from medclaw.models.orchestrator_data import KINDS, Case
+
+    cases = []
+    for video, info in videos:
+        for q in video.gt.zoom["qa"]:
+            if q["kind"] in KINDS:
+                cases.append(Case(str(video.path), info, video.gt, q["kind"], q["question"],
+                                  float(q["evidence_times_s"][0]), tuple(round(b, 2) for b in q["box"])))
+    return cases
+
+
+_TIME_RE = re.compile(r"\d+(?:\.\d+)? s\b")
+
+
+def training_cases(videos, count: int, rng) -> list:
+    """`count` cases drawn per CASE_MIX (see the module docstring, 1)."""
+    from dataclasses import replace
+
+    from medclaw.models.orchestrator_data import EMPTY, IDEAL, NAMES, NOTHING
+
+    base = question_cases(videos)
+    kinds = list(CASE_MIX)
+    shares = [CASE_MIX[k] for k in kinds] + [1.0 - sum(CASE_MIX.values())]
+    cases = []
+    for _ in range(count):
+        case = base[int(rng.integers(len(base)))]
+        mix = (kinds + ["ideal"])[int(rng.choice(len(shares), p=shares))]
+        names = NAMES[case.kind]
+        said = names[int(rng.integers(len(names)))]
+        failed = [EMPTY, NOTHING][int(rng.integers(2))]
+        if mix in ("random_time", "retry", "retry_fails") and rng.uniform() < 0.7:
+            duration = case.info.duration_s
+            t = round(float(rng.uniform(0.2, max(0.3, duration - 0.2))), 1)
+            case = replace(case, time_s=t, question=_TIME_RE.sub(f"{t:g} s", case.question, count=1))
+            first = said                     # nothing is there: the verifier's word is drawn
+        else:
+            first = IDEAL
+        replies = {"random_time": [said], "other_name": [said], "ideal": [IDEAL],
+                   "retry": [failed, first], "retry_fails": [failed, NOTHING]}[mix]
+        if mix == "random_time" and first == IDEAL:
+            replies = [IDEAL]
+        cases.append(replace(case, replies=replies))
+    return cases
+
+
+async def play_all(cases, root: Path, student=None, kb_types=None, kb_share: float = 0.0,
+                   rng=None) -> list:
+    """Play every case (concurrently, on one shared frame source); `kb_share` of them with
+    `kb_types` as the search tool's enum."""
+    from medclaw.kernels.frames import FrameSource
+    from medclaw.models.orchestrator_data import play
+
+    specs = _specs(root)
+    frames = FrameSource()
+    limit = asyncio.Semaphore(8 if student is None else 1)
+
+    async def one(case):
+        kb = kb_types if (rng is not None and rng.uniform() < kb_share) else None
+        async with limit:
+            return await play(case, specs, str(root / "traces"), student=student, frames=frames,
+                              kb_types=kb)
+
+    try:
+        return list(await asyncio.gather(*(one(c) for c in cases)))
+    finally:
+        close = getattr(frames, "close", None)
+        if close is not None:
+            close()
+
+
+def shipped_kb_types() -> list[str]:
+    """The passage types of the shipped knowledge base (`medclaw demo` builds it): the search
+    tool's enum, hence the system prompt, when a runtime has that KB."""
+    from medclaw.kb.build import shipped_corpus_dir
+    from medclaw.kb.passages import read_corpus
+
+    passages, _ = read_corpus(shipped_corpus_dir())
+    return sorted({p.type for p in passages})
+
+
+# ----------------------------------------------------------------------------- tokens, model
+
+def build_tokenizer(texts, vocab_size: int = VOCAB_SIZE):
+    """Byte-level BPE trained on `texts`, with the normalizer and pre-tokenizer transformers'
+    Qwen2Tokenizer rebuilds on load (whatever tokenizer.json says): trained ids = loaded ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    from medclaw.models.tiny import ADDED_TOKENS, SPECIAL_TOKENS
+
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(list(texts), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        model_max_length=SIZES["max_position_embeddings"], clean_up_tokenization_spaces=False)
+    tokenizer.add_tokens(list(ADDED_TOKENS))
+    return tokenizer
+
+
+def write_base(folder: Path, tokenizer, seed: int, sizes: dict = SIZES):
+    """The untrained model folder (config, tokenizer, generation config); returns the float32
+    model to train (its weights are written after training)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from medclaw.models import tiny
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = tiny._token_ids(tokenizer)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), **sizes, hidden_act="silu", tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": tiny.ROPE_THETA},
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"])
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    config.save_pretrained(folder)
+    tiny._generation_config(folder, ids)
+    tiny._save_tokenizer(folder, tokenizer, tiny.LLM_CHAT_TEMPLATE)
+    return model
+
+
+def encode_episode(tokenizer, episode) -> tuple[list[int], list[int]]:
+    """(input ids, labels) of one episode: its last request as the engine renders it, then the
+    last reply; labels only on the replies (each followed by <|im_end|>). Raises RuntimeError
+    when an earlier prompt + reply is not a token prefix of the sequence."""
+    from medclaw.engine.backends.base import render_prompt
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    end = "<|im_end|>"
+    turns = []
+    for request, reply in zip(episode.requests, episode.replies):
+        turns.append((ids(render_prompt(tokenizer, request)), ids(reply + end)))
+    prompt, reply = turns[-1]
+    sequence = prompt + reply
+    labels = [-100] * len(prompt) + reply
+    for k, (p, r) in enumerate(turns[:-1]):
+        if sequence[:len(p) + len(r)] != p + r:
+            raise RuntimeError(f"turn {k} of an episode is not a token prefix of its last prompt")
+        labels[len(p):len(p) + len(r)] = r
+    return sequence, labels
+
+
+def _by_prefix(data, end_id: int) -> dict:
+    """{system-turn token ids: [(suffix ids, suffix labels)]}: sequences split after their first
+    <|im_end|> (the system turn, the same for every episode of one tool list)."""
+    groups: dict = {}
+    for ids, labels in data:
+        cut = ids.index(end_id) + 1
+        if any(l != -100 for l in labels[:cut]):
+            raise RuntimeError("a label falls inside the system turn")
+        groups.setdefault(tuple(ids[:cut]), []).append((ids[cut:], labels[cut:]))
+    return groups
+
+
+def prefix_loss(model, prefix: tuple, rows: list, pad_id: int):
+    """Mean cross-entropy over the reply tokens of `rows`, all after the same `prefix`, whose
+    keys and values are computed once (batch 1) and shared by the batch: the system turn is
+    most of every sequence, and this is what makes a step cheap. Gradients flow through it."""
+    import torch
+
+    out = model(input_ids=torch.tensor([prefix]), use_cache=True)                 # (1, P, V)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(len(rows))
+    ids, mask, labels = _batch(rows, pad_id)                                       # (B, S)
+    full_mask = torch.cat([torch.ones((len(rows), len(prefix)), dtype=mask.dtype), mask], 1)
+    logits = model(input_ids=ids, attention_mask=full_mask, past_key_values=cache).logits
+    return torch.nn.functional.cross_entropy(                                      # (B, S, V)
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def _batch(items, pad_id: int):
+    import torch
+
+    width = max(len(s) for s, _ in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)        # (B, L)
+    labels = torch.full((len(items), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for i, (s, l) in enumerate(items):
+        ids[i, :len(s)] = torch.tensor(s)
+        labels[i, :len(l)] = torch.tensor(l)
+        mask[i, :len(s)] = 1
+    return ids, mask, labels
+
+
+# ------------------------------------------------------------------------------------- scoring
+
+def same_action(got: str, want: str, specs: list[dict]) -> bool:
+    """The student's reply `got` does what the expert's `want` does: same tool, time within
+    TIME_TOL, box within BOX_TOL, the same answer text (case and spaces aside)."""
+    from medclaw.engine.toolcall import Action, parse_action
+
+    a, b = parse_action(got, specs), parse_action(want, specs)
+    if not isinstance(a, Action) or not isinstance(b, Action) or a.tool != b.tool:
+        return False
+    for key in ("time_s", "x1", "y1", "x2", "y2"):
+        if key in b.args:
+            tol = TIME_TOL if key == "time_s" else BOX_TOL
+            if abs(float(a.args.get(key, -1e9)) - float(b.args[key])) > tol:
+                return False
+    if "text" in b.args:
+        if " ".join(str(a.args["text"]).lower().split()) != " ".join(b.args["text"].lower().split()):
+            return False
+        times_a, times_b = a.args.get("evidence_times", []), b.args.get("evidence_times", [])
+        if len(times_a) != len(times_b) or any(abs(x - y) > TIME_TOL for x, y in zip(times_a, times_b)):
+            return False
+    return True
+
+
+def score(episodes, specs: list[dict]) -> dict:
+    """Held-out action accuracy: episodes whose every action is the expert's, overall and by kind."""
+    hits: dict = {}
+    for ep in episodes:
+        good = bool(ep.replies) and ep.status == "answered" and all(
+            same_action(got, want, specs) for got, want in zip(ep.replies, ep.expected))
+        hits.setdefault(ep.case.kind, []).append(good)
+    every = [h for v in hits.values() for h in v]
+    return {"action_accuracy": round(sum(every) / max(1, len(every)), 4),
+            "by_kind": {k: round(sum(v) / len(v), 4) for k, v in hits.items()},
+            "episodes": len(every)}
+
+
+def held_out_cases(root: Path) -> list:
+    return question_cases(render_videos(root, EVAL_SEEDS, EVAL_MINUTES))
+
+
+async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict, list]:
+    """Let the saved model drive the real episode loop (transformers backend, constrained)."""
+    from medclaw.engine.backends.hf import TransformersBackend
+    from medclaw.models.spec import ModelSpec
+    from medclaw.tools.registry import default_registry
+
+    student = TransformersBackend(ModelSpec(name="trained-orchestrator", path=str(folder),
+                                            backend="transformers"))
+    try:
+        episodes = await play_all(cases, root, student=student, kb_types=kb_types,
+                                  kb_share=1.0 if kb_types else 0.0,
+                                  rng=_always() if kb_types else None)
+    finally:
+        await student.close()
+    specs = default_registry(kb_types=kb_types).specs()
+    return score(episodes, specs), episodes
+
+
+class _always:
+    @staticmethod
+    def uniform() -> float:
+        return 0.0
+
+
+# ----------------------------------------------------------------------------------- training
+
+def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True,
+                       episodes: int = EPISODES, evaluate_kb: bool = False) -> dict:
+    """Train on expert episodes of TRAIN_SEEDS, save to `out_dir`, score on EVAL_SEEDS (module
+    doc); returns the report (steps, losses, prompt sizes, held-out action accuracy, wall time).
+    `evaluate_kb` also scores the system prompt of a runtime with the shipped KB."""
+    import numpy as np
+    import torch
+
+    out = Path(out_dir)
+    started = time.monotonic()
+    rng = np.random.default_rng(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    report: dict = {"seed": seed, "train_seeds": list(TRAIN_SEEDS), "eval_seeds": list(EVAL_SEEDS),
+                    "episodes": episodes}
+    try:
+        with tempfile.TemporaryDirectory(prefix="medclaw-orch-") as tmp:
+            root = Path(tmp)
+            kb_types = shipped_kb_types()
+            videos = render_videos(root, TRAIN_SEEDS, TRAIN_MINUTES)
+            cases = training_cases(videos, episodes, rng)
+            played = asyncio.run(play_all(cases, root, kb_types=kb_types, kb_share=KB_SHARE, rng=rng))
+            report["data_s"] = round(time.monotonic() - started, 1)
+            report.update(fit(out, played, seed=seed, steps=steps, progress=progress, rng=rng))
+            held_out = held_out_cases(root)
+            report["held_out"], _ = asyncio.run(evaluate(out, held_out, root))
+            if evaluate_kb:
+                report["held_out_with_kb"], _ = asyncio.run(evaluate(out, held_out, root, kb_types))
+    finally:
+        torch.set_num_threads(threads)
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    return report
+
+
+def fit(out: Path, played: list, *, seed: int = 0, steps: int = STEPS, batch: int = BATCH,
+        lr: float = LR, sizes: dict | None = None, progress: bool = True, rng=None) -> dict:
+    """Build the tokenizer and model on `played` expert episodes, train, write `out` (bf16
+    weights, tokenizer, config, generation config); returns the training part of the report."""
+    import numpy as np
+    import torch
+    from accelerate import Accelerator
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from medclaw.engine.backends.base import render_prompt
+    from medclaw.models.tiny import _write_weights
+    from medclaw.requests.conversation import message_text
+
+    started = time.monotonic()
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    bad = [ep for ep in played if ep.status != "answered"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} expert episodes did not end in an answer: {bad[0].status}")
+    texts = []
+    for ep in played:
+        texts += [message_text(m) for m in ep.requests[-1].messages] + ep.replies
+    sizes = dict(SIZES, **(sizes or {}))
+    model = write_base(Path(out), build_tokenizer(texts), seed, sizes)
+    tokenizer = AutoTokenizer.from_pretrained(out)     # what vLLM and the engine load
+    data = [encode_episode(tokenizer, ep) for ep in played]
+    groups = _by_prefix(data, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    keys = sorted(groups)
+    report: dict = {"steps": steps, "batch": batch, "lr": lr, "sizes": sizes,
+                    "vocab_size": len(tokenizer),
+                    "prompt_tokens": {"system": sorted({len(k) for k in keys}),
+                                      "sequence_max": max(len(s) for s, _ in data),
+                                      "sequence_mean": round(float(np.mean([len(s) for s, _ in data])), 1)}}
+
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(           # linear warm-up, then cosine to 0
+        optimizer, lambda k: min(1.0, (k + 1) / warmup)
+        * 0.5 * (1 + np.cos(np.pi * min(1.0, k / max(1, steps)))))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+    losses = []
+    bar = tqdm(range(steps), desc="train-orchestrator", unit="step", disable=not progress,
+               file=sys.stderr)
+    for _ in bar:
+        prefix = keys[int(rng.integers(len(keys)))]
+        rows = groups[prefix]
+        picks = rng.integers(len(rows), size=batch)
+        loss = prefix_loss(model, prefix, [rows[int(i)] for i in picks], tokenizer.pad_token_id)
+        accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+    model = accelerator.unwrap_model(model).eval()
+    _write_weights(model, Path(out))                        # bf16 safetensors
+    report["train_s"] = round(time.monotonic() - started, 1)
+    report["loss_first"] = round(float(np.mean(losses[:20])), 4)
+    report["loss_last"] = round(float(np.mean(losses[-20:])), 4)
+    report["losses"] = [round(v, 4) for v in losses[::max(1, steps // 50)]]
+    return report

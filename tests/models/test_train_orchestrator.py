@@ -1,0 +1,157 @@
+"""The trained orchestrator's expert, its training text and the trained model in vLLM.
+
+The expert plays the real episode loop (real registry, skill index, frame source and
+crop_video_frame; scripted verifier), so its recorded requests are what an episode sends; the
+training text is those requests rendered by the engine's own chat rendering. The engine test
+trains a small model on three episodes of one held-out video until it reproduces them, then lets
+vLLM (the in-process backend, schema-constrained) drive the same episodes: every action must
+parse and equal the expert's. That is a check of the pipeline (tokenizer, template, weights,
+constrained decoding), not of generalisation, which `train_orchestrator` measures on held-out
+seeds (its report).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from medclaw.engine.backends.base import render_prompt
+from medclaw.engine.orchestrator_prompt import build_question_turn, build_system_prompt
+from medclaw.models import orchestrator_data as D
+from medclaw.models import train_orchestrator as T
+from medclaw.requests.conversation import message_text
+from medclaw.tools.registry import default_registry
+
+SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("orch")
+
+
+@pytest.fixture(scope="module")
+def cases(root):
+    """The zoom questions of one held-out video (ideal verifier)."""
+    return T.question_cases(T.render_videos(root, (5000,), 0.5))
+
+
+def _play(cases, root, **kw):
+    return asyncio.run(T.play_all(cases, root, **kw))
+
+
+def _args(reply: str) -> dict:
+    return json.loads(reply)
+
+
+def test_expert_crops_the_box_then_answers_what_it_read(cases, root):
+    small = next(c for c in cases if c.kind == "small_object")
+    other = next(n for n in D.NAMES["small_object"] if n != small.gt.zoom["qa"][0]["answer"])
+    plays = [small, replace(small, replies=[other]), replace(small, replies=[D.EMPTY, D.IDEAL]),
+             replace(small, replies=[D.NOTHING, D.NOTHING])]
+    ideal, told, retried, failed = _play(plays, root)
+    truth = next(q["answer"] for q in small.gt.zoom["qa"]
+                 if q["question"] == small.question)
+
+    first = _args(ideal.replies[0])
+    assert first["tool"] == "crop_video_frame"
+    assert first["args"]["time_s"] == pytest.approx(small.time_s)
+    assert [first["args"][k] for k in ("x1", "y1", "x2", "y2")] == list(small.box)
+    assert "small object: " + truth in message_text(ideal.requests[1].messages[-1])
+    assert ideal.answer == truth and len(ideal.replies) == 2
+    # the name comes from the observation, not from the question or the truth
+    assert told.answer == other != truth
+    # an error observation (empty verifier reply): one wider crop, then the answer it shows
+    assert "Error at step 1" in message_text(retried.requests[1].messages[-1])
+    wide = _args(retried.replies[1])["args"]
+    assert [wide[k] for k in ("x1", "y1", "x2", "y2")] == list(D.widen(small.box))
+    assert wide["x1"] == pytest.approx(small.box[0] - D.WIDEN)
+    assert retried.answer == truth and len(retried.replies) == 3
+    assert failed.answer == D.NOT_SEEN and len(failed.replies) == 3
+    for ep in (ideal, told, retried, failed):          # the expert agrees with its recording
+        assert ep.replies == ep.expected and ep.status == "answered"
+
+
+def test_training_text_is_what_the_episode_sends(cases, root, tmp_path):
+    [ep] = _play(cases[:1], root)
+    case = ep.case
+    # the recorded prompt is the engine's: real system prompt (tool specs, skill index), question turn
+    from medclaw.engine.runtime import load_skill_library
+
+    skills = load_skill_library()
+    system = build_system_prompt(default_registry(skill_names=sorted(skills.names())).specs(),
+                                 skills.index_text())
+    first = ep.requests[0].messages
+    assert message_text(first[0]) == system
+    assert message_text(first[1]) == build_question_turn(case.info, case.question)
+
+    texts = [message_text(m) for m in ep.requests[-1].messages] + ep.replies
+    T.write_base(tmp_path, T.build_tokenizer(texts * 4), seed=0, sizes=SMALL)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    ids, labels = T.encode_episode(tokenizer, ep)
+    assert len(ep.requests) == 2
+    # byte equality of every turn's prompt part with what the engine renders for that call
+    # (engine.backends.base.render_prompt, which the vLLM and transformers backends use)
+    for request, reply in zip(ep.requests, ep.replies):
+        prompt = render_prompt(tokenizer, request)
+        n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert tokenizer.decode(ids[:n]) == prompt
+        m = len(tokenizer(reply + "<|im_end|>", add_special_tokens=False)["input_ids"])
+        assert tokenizer.decode(ids[n:n + m]) == reply + "<|im_end|>"
+        assert all(l == -100 for l in labels[:n]) or request is not ep.requests[0]
+    # labels are exactly the replies (each closed by <|im_end|>), nothing of the prompts
+    said = tokenizer.decode([t for t in labels if t != -100])
+    assert said == "".join(r + "<|im_end|>" for r in ep.replies)
+    # the loaded tokenizer splits times digit by digit, as it was trained
+    assert [t for t in tokenizer.tokenize(ep.replies[0]) if t.isdigit()][:3] == \
+        list(str(D.number(case.time_s)).replace(".", ""))[:3]
+
+
+def test_same_action_tolerances():
+    specs = default_registry().specs()
+    crop = D.action("x", "crop_video_frame", {"time_s": 12.3, "x1": 0.61, "y1": 0.39, "x2": 0.71,
+                                              "y2": 0.57, "query": "q"})
+
+    def with_(**args):
+        return D.action("y", "crop_video_frame", {**_args(crop)["args"], **args})
+
+    assert T.same_action(with_(time_s=12.34), crop, specs)
+    assert not T.same_action(with_(time_s=12.4), crop, specs)
+    assert not T.same_action(with_(x2=0.73), crop, specs)
+    final = D.action("x", "final_answer", {"text": "needle", "evidence_times": [12.3]})
+    assert T.same_action(D.action("z", "final_answer", {"text": "Needle ", "evidence_times": [12.3]}),
+                         final, specs)
+    assert not T.same_action(D.action("z", "final_answer", {"text": "gauze tag", "evidence_times": [12.3]}),
+                             final, specs)
+    assert not T.same_action("not json", final, specs)
+
+
+def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
+    """Three episodes learnt by heart, replayed by vLLM with constrained decoding."""
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+
+    chosen = cases[:3]
+    played = _play(chosen, root)
+    folder = root / "llm"
+    report = T.fit(folder, played, steps=70, batch=len(played) * 2, lr=3e-3, sizes=SMALL,
+                   progress=False, rng=np.random.default_rng(0))
+    assert report["loss_last"] < 0.05 < report["loss_first"]
+
+    backend = VLLMBackend(replace(tiny_llm_spec, name="trained-orchestrator", path=str(folder)))
+    try:
+        replayed = _play(chosen, root, student=backend)
+    finally:
+        backend.shutdown()
+    specs = default_registry().specs()
+    for ep in replayed:
+        assert ep.status == "answered", ep.replies
+        assert [_args(r)["tool"] for r in ep.replies] == ["crop_video_frame", "final_answer"]
+        assert all(T.same_action(got, want, specs) for got, want in zip(ep.replies, ep.expected))
+    assert T.score(replayed, specs)["action_accuracy"] == 1.0
+    assert [ep.answer for ep in replayed] == [ep.answer for ep in played]
