@@ -41,7 +41,7 @@ SMALL_XY = (0.66, 0.42)
 LOOK_ALIKE_XY = (0.34, 0.40)
 FLASH_XY = (0.44, 0.86)
 SMALL_FRACTION = 0.05         # of the scene height: a few pixels at 320x180
-MARK_FRACTION = 0.03          # the look-alike mark, of the scene height
+MARK_FRACTION = 0.07          # the look-alike mark, of the scene height: ~5 px of a whole frame seen at 140x84, ~18 px of a region
 LOOK_ALIKE_FRACTION = 0.16    # the look-alike sprite, of the scene height
 FLASH_FRACTION = 0.05         # flash radius, of the scene height
 VISITS_PER_KIND = 2
@@ -147,6 +147,15 @@ def visible_at(zoom: dict, kind: str, frame: int) -> list[str]:
                   if v["kind"] == kind and v["start_frame"] <= frame < v["end_frame"])
 
 
+def zoom_question(kind: str, t: float) -> str:
+    """The question about the `kind` visit ("small_object" | "look_alike") on screen at `t`."""
+    if kind == "small_object":
+        return (f"Which small object lies in the field at {t:g} s: "
+                + ", ".join(n.replace("_", " ") for n in SMALL_OBJECTS) + "?")
+    return (f"At {t:g} s, is the instrument on the left the dissector or the bipolar (the one "
+            "with a white mark at its tip)?")
+
+
 def _zoom_qa(zoom: dict, rng) -> list[dict]:
     items: list[dict] = []
 
@@ -160,14 +169,8 @@ def _zoom_qa(zoom: dict, rng) -> list[dict]:
     for v in zoom["visits"]:
         # a time well inside the visit, on a frame boundary
         t = round(v["start_s"] + (0.3 + 0.4 * float(rng.uniform())) * (v["end_s"] - v["start_s"]), 1)
-        if v["kind"] == "small":
-            qa("small_object", f"Which small object lies in the field at {t:g} s: "
-               + ", ".join(n.replace("_", " ") for n in SMALL_OBJECTS) + "?",
-               v["name"].replace("_", " "), [t], v["box"])
-        else:
-            qa("look_alike", f"At {t:g} s, is the instrument on the left the dissector or the "
-               "bipolar (the one with a white mark at its tip)?",
-               v["name"].replace("_", " "), [t], v["box"])
+        kind = "small_object" if v["kind"] == "small" else "look_alike"
+        qa(kind, zoom_question(kind, t), v["name"].replace("_", " "), [t], v["box"])
     for k, flash in enumerate(zoom["flashes"]):
         after = flash["instrument_in_after"]
         if after is None:
