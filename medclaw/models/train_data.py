@@ -9,6 +9,10 @@ A sample is exactly what a tool sends the frame verifier, and what it should hav
 - `crop_video_frame`: a normalised region cut from the full-resolution frame and sized like the
   tool sizes it (source resolution within the budget), `tools.prompts.region_prompt`; target
   `region_target` (what lies in the region).
+- the one-shot baseline (`eval.oneshot`): the whole video planned as that baseline plans it
+  (`kernels.planner.plan_frames` under the role's budgets), its instructions and a zoom question;
+  target the answer and its `EVIDENCE:` window. The same model answers both modes of an
+  evaluation, so the one-shot pass is trained too: it loses only what its pixels cannot show.
 
 Pixels come from the synthetic videos decoded with PyAV and cut/resized with the kernels' own
 `ops.crop_box_to_pixels` + `ops.resize_crop`, the path `FrameSource` takes. Targets come from the
@@ -27,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS, ZoomOptions
+from medclaw.tools.prompts import VIDEO_EXPERT_SYSTEM
 
 QUERIES = (                        # what an orchestrator asks a frame tool; the reply is the same
     "Which small object is there?",
@@ -49,9 +54,14 @@ WIDTH, HEIGHT, FPS = 320, 180, 25
 class Sample:
     system: str
     prompt: str
-    image: object                      # (H, W, 3) uint8 numpy
+    image: object                      # (H, W, 3) uint8 numpy; a video: (T, H, W, 3)
     target: str
     meta: dict = field(default_factory=dict)
+    fps: float = 0.0                   # a video's sampling rate (its metadata for the processor)
+
+    @property
+    def is_video(self) -> bool:
+        return self.image.ndim == 4
 
 
 def _label(name: str) -> str:
@@ -167,6 +177,41 @@ def region_sample(gt, frames, index: int, spec, region, query: str, said: int | 
                   {"tool": "crop_video_frame", "frame": index, "region": region})
 
 
+def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
+    """The one-shot baseline's request about the `kind` zoom visit at `t` of `video` (a
+    SynthVideo; `frames` its decoded frames), planned like `eval.oneshot` plans it."""
+    import torch
+
+    from medclaw.eval import oneshot
+    from medclaw.kernels.ops import resize_crop
+    from medclaw.kernels.planner import plan_frames
+    from medclaw.kernels.probe import probe_video
+    from medclaw.synth.zoom import zoom_question
+    from medclaw.tools.media import TEXT_RESERVE_TOKENS
+    from medclaw.tools.timeline import Window
+
+    info = probe_video(video.path)
+    plan = plan_frames(info, 0.0, info.duration_s, fps=spec.fps, max_frames=spec.max_frames,
+                       min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
+                       total_pixels=spec.total_pixels,
+                       max_visual_tokens=spec.max_model_len - oneshot.MAX_TOKENS - TEXT_RESERVE_TOKENS)
+    clip = resize_crop(torch.from_numpy(frames[list(plan.frame_indices)]), plan.width, plan.height)
+    gt = video.gt
+    names = visible_names(gt, "small" if kind == "small_object" else "look_alike", gt.frame_at(t))
+    answer = names[0] if names else "none"
+    question = zoom_question(kind, t)
+    return Sample(VIDEO_EXPERT_SYSTEM,
+                  oneshot.instructions(info.duration_s) + f"Question: {question}",
+                  clip.numpy(), f"{answer}\nEVIDENCE: {Window(max(0.0, t - 0.5), t + 0.5)}",
+                  {"tool": "oneshot", "kind": kind, "time_s": t,
+                   "visual_tokens": plan.num_visual_tokens}, fps=plan.fps)
+
+
+def visible_names(gt, kind: str, frame: int) -> list[str]:
+    """Labels of the `kind` zoom visits ("small" | "look_alike") on screen at `frame`."""
+    return [_label(v["name"]) for v in _on(gt.zoom.get("visits", []), frame) if v["kind"] == kind]
+
+
 def _jitter(box, rng, amount: float):
     x1, y1, x2, y2 = (b + rng.uniform(-amount, amount) for b in box)
     x1, y1 = max(0.0, x1), max(0.0, y1)
@@ -199,13 +244,19 @@ def _alone(gt, item, rng) -> int:
     return _pick(rng, frames or [item["start_frame"]])
 
 
-def random_sample(videos, spec, rng) -> Sample:
-    """One training sample: a whole frame (FRAME_SHARE) or a region, centred on a zoom object
-    (OBJECT_SHARE) or anywhere. Objects are drawn by kind (KIND_SHARE), then by name, then by
+def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
+    """One training sample: the one-shot baseline's request about a zoom visit (`oneshot_share`), or
+    a whole frame (FRAME_SHARE) or a region, centred on a zoom object (OBJECT_SHARE) or anywhere. Objects are drawn by kind (KIND_SHARE), then by name, then by
     visit, so every answer is equally frequent and the prior says nothing. The prompt names a
     random time of the video, not the frame's: with a few dozen training visits, the time stamp
     alone would identify the answer, and the model would learn that instead of looking."""
     table = _objects(videos)
+    if rng.uniform() < oneshot_share:                # a visit's question, asked of the whole video
+        kind = _pick(rng, ("small", "look_alike"))
+        k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+        video, frames = videos[k]
+        t = round(_alone(video.gt, item, rng) / video.gt.fps, 1)
+        return oneshot_sample(video, frames, spec, "small_object" if kind == "small" else "look_alike", t)
     if rng.uniform() < OBJECT_SHARE and table:
         kinds = [k for k in KIND_SHARE if k in table]
         kind = kinds[int(rng.choice(len(kinds), p=[KIND_SHARE[k] / sum(KIND_SHARE[j] for j in kinds)

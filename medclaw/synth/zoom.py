@@ -44,6 +44,10 @@ SMALL_FRACTION = 0.05         # of the scene height: a few pixels at 320x180
 MARK_FRACTION = 0.07          # the look-alike mark, of the scene height: ~5 px of a whole frame seen at 140x84, ~18 px of a region
 LOOK_ALIKE_FRACTION = 0.16    # the look-alike sprite, of the scene height
 FLASH_FRACTION = 0.05         # flash radius, of the scene height
+# A visit's box (a question's `box`: what a well-aimed crop covers) pads the object by these
+# fractions of its size on each side.
+SMALL_PAD = 1.5
+LOOK_ALIKE_PAD = 0.15
 VISITS_PER_KIND = 2
 FLASHES = 2
 
@@ -108,9 +112,9 @@ def make_zoom_truth(options: ZoomOptions, seed: int, num_frames: int, fps: float
     # Visits sit in disjoint slots of the middle 90 % of the video, so no two of one kind overlap.
     kinds = []
     if options.small_instruments:
-        kinds.append(("small", list(SMALL_OBJECTS), SMALL_XY, g["small"], 1.5))
+        kinds.append(("small", list(SMALL_OBJECTS), SMALL_XY, g["small"], SMALL_PAD))
     if options.look_alikes:
-        kinds.append(("look_alike", list(LOOK_ALIKES), LOOK_ALIKE_XY, g["look_alike"], 0.15))
+        kinds.append(("look_alike", list(LOOK_ALIKES), LOOK_ALIKE_XY, g["look_alike"], LOOK_ALIKE_PAD))
     for kind, names, xy, size, pad in kinds:
         slots = rng.permutation(6)[:VISITS_PER_KIND]
         for slot in sorted(int(s) for s in slots):

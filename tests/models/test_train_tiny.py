@@ -139,6 +139,26 @@ def test_sample_loss_weighs_every_reply_alike(base, two_samples):
     assert both == pytest.approx(sum(alone) / 2, rel=1e-4)
 
 
+def test_oneshot_sample_is_the_baselines_request(base, videos):
+    """The one-shot view `evaluate` scores: the whole video as the baseline plans it, its
+    instructions and a zoom question, encoded with exactly the planned visual tokens."""
+    from medclaw.eval.oneshot import split_answer
+    from medclaw.models.train_data import oneshot_sample
+
+    _, processor = base
+    video, frames = videos[0]
+    visit = next(v for v in video.gt.zoom["visits"] if v["kind"] == "small")
+    t = round((visit["start_frame"] + visit["end_frame"]) / 2 / video.gt.fps, 1)
+    sample = oneshot_sample(video, frames, T._Budget(), "small_object", t)
+    assert sample.is_video and sample.fps == T.VIDEO_FPS
+    assert f"at {t:g} s" in sample.prompt and "EVIDENCE" in sample.prompt
+    answer, times = split_answer(sample.target)
+    assert answer == visit["name"].replace("_", " ") and times[0] <= t <= times[1]
+    batch = T._encode(processor, [sample])
+    pad = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert int((batch["input_ids"] == pad).sum()) == sample.meta["visual_tokens"]
+
+
 def test_manifest_detects_a_changed_file(tmp_path):
     (tmp_path / "vlm").mkdir()
     (tmp_path / "vlm" / "a.bin").write_bytes(b"weights")
@@ -166,9 +186,8 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     """The README's recipe, end to end: the committed checkpoint's held-out scores come back
     within noise, and still pass the targets."""
     import json
-    from pathlib import Path
 
-    committed = json.loads((Path(T.__file__).with_name("trained") / "train-report.json").read_text())
+    committed = json.loads((T.COMMITTED / "train-report.json").read_text())
     seed = committed["seed"]
     assert main(["models", "train-tiny", str(tmp_path / "out"), "--seed", str(seed)]) == 0
     report = json.loads(capsys.readouterr().out)
