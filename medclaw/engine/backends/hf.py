@@ -119,8 +119,10 @@ class TransformersBackend(Backend):
         key = json.dumps(schema)               # key order matters: it is the output order
         compiled = self._grammars.get(key)
         if compiled is None:
-            # any_whitespace=False: random or weak models otherwise fill whitespace to max_tokens
-            compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
+            # any_whitespace=False: random or weak models otherwise fill whitespace to max_tokens;
+            # compact separators, as vLLM's xgrammar backend writes (xgrammar's default is ", ")
+            compiled = self._compiler.compile_json_schema(key, any_whitespace=False,
+                                                          separators=(",", ":"))
             if len(self._grammars) >= GRAMMAR_CACHE_SIZE:
                 self._grammars.pop(next(iter(self._grammars)))
             self._grammars[key] = compiled
