@@ -146,6 +146,28 @@ def llm_engine(tiny_llm_spec):
     yield backend
     backend.shutdown()
 
+@pytest.fixture(scope="session")
+def trained_specs(tiny_models):
+    """role → ModelSpec of the `tiny-trained` profile (the committed trained miniature)."""
+    from medclaw.models.registry import load_models
+
+    return load_models(profile="tiny-trained")
+
+
+@pytest.fixture(scope="session")
+def trained_engines(trained_specs, llm_engine):
+    """In-process vLLM engines on the trained miniature, role → backend; the judge is the
+    profile's untrained tiny LLM, served by the session's `llm_engine`."""
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+
+    orchestrator = VLLMBackend(trained_specs["orchestrator"])
+    vlm = VLLMBackend(trained_specs["video_expert"])
+    yield {"orchestrator": orchestrator, "video_expert": vlm, "frame_verifier": vlm,
+           "judge": llm_engine}
+    orchestrator.shutdown()
+    vlm.shutdown()
+
+
 @pytest.fixture
 def serve_roles_with(monkeypatch):
     """`serve_roles_with(backends)`: from now on, commands resolve their models, KB and skills for
@@ -176,6 +198,12 @@ def on_session_engines(serve_roles_with, llm_engine, vlm_engine) -> list:
     """Commands run on the session's tiny engines (see `serve_roles_with`)."""
     return serve_roles_with({"orchestrator": llm_engine, "judge": llm_engine,
                              "video_expert": vlm_engine, "frame_verifier": vlm_engine})
+
+
+@pytest.fixture
+def on_trained_engines(serve_roles_with, trained_engines) -> list:
+    """Commands run on the trained miniature's engines (see `serve_roles_with`, `trained_engines`)."""
+    return serve_roles_with(trained_engines)
 
 
 @pytest.fixture(scope="session")

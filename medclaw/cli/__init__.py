@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kb": ("medclaw.cli.kb:register", "build and search the local surgical knowledge base"),
     "trace": ("medclaw.cli.trace:register", "show an episode trace"),
     "bench": ("medclaw.cli.bench:register", "benchmarks: decode, kv (JSON output)"),
-    "demo": ("medclaw.cli.demo:register", "end-to-end demo on tiny random weights"),
+    "demo": ("medclaw.cli.demo:register", "end-to-end demo on the trained miniature, checked against ground truth"),
     "eval": ("medclaw.cli.eval:register",
              "evaluate on a dataset (agent or one-shot), judge, report; make-synthetic; compare"),
     "distill": ("medclaw.cli.distill:register",

@@ -1,33 +1,43 @@
-"""`medclaw demo`: the whole pipeline end to end on tiny random-weight models, in a few minutes.
+"""`medclaw demo`: the whole pipeline end to end on tiny local models, in a few minutes.
 
-1. synthesise a short procedure video (default 2 min, 320x180) with its ground truth → artifacts/demo/
-2. build the knowledge base from the corpus shipped with the package → artifacts/demo/kb/
-3. ask a before/after question taken from the ground truth ("Which instrument was brought in just
-   before the first clip was placed?") on the `tiny-cpu` profile: real vLLM CPU engines, real
-   decoding, real FAISS, the real agent loop and tools;
-4. print the answer next to the ground truth and a summary of the trace (steps, tools, frames,
-   tokens and cached tokens, timings).
+1. synthesise a short procedure video (default 1 min, 320x180) with zoom content — small objects,
+   look-alike instruments told apart by a small mark (`synth.zoom`) — and its ground truth
+   → artifacts/demo/;
+2. build the knowledge base from the corpus shipped with the package → artifacts/demo/kb/;
+3. ask the video's first small-object question ("Which small object lies in the field at 12.6 s:
+   needle, bulldog clamp, gauze tag?") on the `tiny-trained` profile: the trained miniature
+   (`medclaw models train-tiny`), real vLLM CPU engines, real decoding, real FAISS, the real agent
+   loop and tools;
+4. print the answer next to the ground truth — right or wrong, and whether its evidence times fall
+   on the object's visit — the evidence frames (time, source index, content hash) and a summary of
+   the trace (steps, tools, frames, tokens and cached tokens, timings).
 
-The models have RANDOM WEIGHTS: the answer is noise. What the demo shows is the structure —
-schema-valid tool calls, frames decoded and traced, prefix-cache hits, a complete audit trail.
-Every run prints that label. With `--json` the summary is one JSON object on stdout.
+The miniature was trained on synthetic procedures only: its answers say the machinery sees and
+plans, not that it knows surgery. `--profile tiny-cpu` runs the same on random weights, where the
+answer is noise. Every run prints which of the two it is. With `--json` the summary is one JSON
+object on stdout.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-DEMO_EVENT = "clip_placed #1"
-DEMO_QUESTION = "Which instrument was brought in just before the first clip was placed?"
+DEMO_KIND = "small_object"           # the zoom question family the demo asks (synth.zoom)
+VISIT_KINDS = {"small_object": "small", "look_alike": "look_alike"}    # question kind → visit kind
+DEMO_SEED = 0                        # not among the miniature's training seeds
 RANDOM_WEIGHTS_LABEL = ("TINY RANDOM WEIGHTS: the answer below is noise. The structure is real: "
                         "engines, tool calls, decoded frames, cache accounting and the trace.")
+TRAINED_LABEL = ("TRAINED MINIATURE (synthetic procedures only, not clinical quality): the answer "
+                 "below is checked against the video's ground truth.")
+LABELS = {"tiny-trained": TRAINED_LABEL}           # any other profile: RANDOM_WEIGHTS_LABEL
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="artifacts/demo", help="where the video, KB and traces go")
-    parser.add_argument("--minutes", type=float, default=2.0, help="length of the synthetic video")
+    parser.add_argument("--minutes", type=float, default=1.0, help="length of the synthetic video")
     parser.add_argument("--max-steps", type=int, default=6, help="orchestrator steps before a forced answer")
-    parser.add_argument("--profile", default="tiny-cpu", help="model profile (default tiny-cpu)")
+    parser.add_argument("--profile", default="tiny-trained",
+                        help="model profile (default tiny-trained; tiny-cpu: random weights)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(handler=_handle)
 
@@ -49,7 +59,8 @@ def _handle(args) -> int:
     if not 0.25 <= args.minutes <= 30:
         raise ConfigError("--minutes must be between 0.25 and 30")
     console = Console(stderr=True)
-    console.print(f"[bold yellow]{RANDOM_WEIGHTS_LABEL}[/]")
+    label = LABELS.get(args.profile, RANDOM_WEIGHTS_LABEL)
+    console.print(f"[bold yellow]{label}[/]")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -58,10 +69,11 @@ def _handle(args) -> int:
         started = time.perf_counter()
         video = _synth(out / "demo-procedure.mp4", args.minutes)
         timings["synth_s"] = time.perf_counter() - started
-    relation = next(r for r in video.gt.relations if r["event"] == DEMO_EVENT)
-    expected = (relation["instrument_in_before"] or {}).get("instrument", "none")
-    console.log(f"video {video.path} ({video.duration_s:.0f} s); first clip placed at "
-                f"{relation['time_s']:.1f} s")
+    qa = next(q for q in video.gt.zoom["qa"] if q["kind"] == DEMO_KIND)
+    visit = next(v for v in video.gt.zoom["visits"] if v["kind"] == VISIT_KINDS[DEMO_KIND]
+                 and v["start_s"] <= qa["evidence_times_s"][0] < v["end_s"])
+    console.log(f"video {video.path} ({video.duration_s:.0f} s); the {qa['answer']} is on screen "
+                f"{visit['start_s']:.1f}-{visit['end_s']:.1f} s")
 
     with console.status("building the knowledge base from the shipped corpus…"):
         from medclaw.kb.build import build_index
@@ -77,12 +89,12 @@ def _handle(args) -> int:
     config = load_episode_config(None, profile=args.profile, max_steps=args.max_steps,
                                  trace_dir=str(out / "traces"))
     runtime = open_runtime(profile=args.profile, kb_dir=str(out / "kb"))
-    result = asyncio.run(_ask(runtime, config, str(video.path), console, timings))
+    result = asyncio.run(_ask(runtime, config, qa["question"], str(video.path), console, timings))
 
     from medclaw.engine.trace import Trace
 
     trace = Trace.load(result.trace_path)
-    summary = _summary(trace, result, expected, timings)
+    summary = _summary(trace, result, qa, visit, label, timings)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -95,7 +107,10 @@ def _synth(path, minutes: float):
     from medclaw.synth.video import SynthVideo, synthesize
     from medclaw.synth.truth import make_ground_truth
 
-    gt = make_ground_truth(minutes, 0, 320, 180, 25)
+    from medclaw.synth.zoom import ZoomOptions
+
+    size = dict(width=320, height=180, fps=25, zoom=ZoomOptions.all())
+    gt = make_ground_truth(minutes, seed=DEMO_SEED, **size)
     gt_path = path.with_suffix(".json")
     if path.is_file() and gt_path.is_file():
         try:
@@ -103,17 +118,17 @@ def _synth(path, minutes: float):
                 return SynthVideo(path=path, gt_path=gt_path, gt=gt)
         except ValueError:
             pass
-    return synthesize(path, minutes=minutes, seed=0, width=320, height=180, fps=25, progress=False)
+    return synthesize(path, minutes=minutes, seed=DEMO_SEED, progress=False, **size)
 
 
-async def _ask(runtime, config, video_path, console, timings):
+async def _ask(runtime, config, question, video_path, console, timings):
     import time
 
     from medclaw.engine.episode import run_episode
     from medclaw.errors import as_run_failure
 
     try:
-        with console.status("starting the tiny vLLM engines (CPU, ~40 s each)…"):
+        with console.status("starting the vLLM engines (CPU, about 40 s each)…"):
             started = time.perf_counter()
             await runtime.start(on_engine=lambda ready: console.log(ready.line()))
             timings["engine_start_s"] = time.perf_counter() - started
@@ -129,7 +144,7 @@ async def _ask(runtime, config, video_path, console, timings):
 
             started = time.perf_counter()
             try:
-                result = await run_episode(DEMO_QUESTION, video_path, runtime, config,
+                result = await run_episode(question, video_path, runtime, config,
                                            on_step=on_step)
             except Exception as err:     # engines ran: a failure is a run-time failure (exit 3)
                 raise as_run_failure(err)
@@ -139,13 +154,25 @@ async def _ask(runtime, config, video_path, console, timings):
         await runtime.close()
 
 
-def _summary(trace, result, expected: str, timings: dict) -> dict:
+def _summary(trace, result, qa: dict, visit: dict, label: str, timings: dict) -> dict:
+    from medclaw.eval.scorers import score_label
+    from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
+
     totals = trace.footer.totals.to_dict() if trace.footer else {}
+    names = SMALL_OBJECTS if DEMO_KIND == "small_object" else LOOK_ALIKES
+    choices = [n.replace("_", " ") for n in names]
+    times = list(result.evidence_times or [])
     return {
-        "label": RANDOM_WEIGHTS_LABEL,
-        "question": DEMO_QUESTION,
+        "label": label,
+        "question": qa["question"],
         "answer": result.answer,
-        "ground_truth": expected,
+        "ground_truth": qa["answer"],
+        # right: names the object and no other; evidence: every cited time lies in its visit
+        "correct": bool(result.answer) and score_label(result.answer, qa["answer"], choices) == 1.0,
+        "evidence_times": times,
+        "evidence_in_visit": bool(times) and all(visit["start_s"] <= t < visit["end_s"] for t in times),
+        "visit_s": [round(visit["start_s"], 2), round(visit["end_s"], 2)],
+        "evidence_frames": _evidence_frames(trace),
         "status": result.status,
         "forced_reason": trace.footer.forced_reason if trace.footer else None,
         "steps": result.steps,
@@ -161,6 +188,16 @@ def _summary(trace, result, expected: str, timings: dict) -> dict:
     }
 
 
+def _evidence_frames(trace) -> list[dict]:
+    """Every frame a frame tool showed a model: time, index in the video, region, video hash."""
+    frames = []
+    for step in trace.steps:
+        if step.tool in ("crop_video_frame", "select_video_frame"):
+            frames += [{"tool": step.tool, "time_s": round(f.timestamp_s, 3), "index": f.frame_index,
+                        "crop_box": f.crop_box, "video_sha256": f.video_sha256} for f in step.frames]
+    return frames
+
+
 def _print(summary: dict, trace) -> None:
     from rich.console import Console
 
@@ -174,7 +211,15 @@ def _print(summary: dict, trace) -> None:
     forced = f"; forced: {summary['forced_reason']}" if summary.get("forced_reason") else ""
     console.print(f"Answer:       {summary['answer']!r}   (status: {summary['status']}{forced})",
                   markup=False)
-    console.print(f"Ground truth: {summary['ground_truth']}", markup=False)
+    console.print(f"Ground truth: {summary['ground_truth']}  (on screen {summary['visit_s'][0]:.1f}-"
+                  f"{summary['visit_s'][1]:.1f} s)", markup=False)
+    console.print(f"Right:        {'yes' if summary['correct'] else 'no'}; evidence "
+                  f"{summary['evidence_times']} s {'in' if summary['evidence_in_visit'] else 'NOT in'} "
+                  "the visit", markup=False)
+    for f in summary["evidence_frames"]:
+        region = f" region {tuple(round(v, 2) for v in f['crop_box'])}" if f["crop_box"] else ""
+        console.print(f"Evidence:     {f['tool']} t={f['time_s']:.2f} s = frame {f['index']}{region} "
+                      f"of video sha256 {f['video_sha256'][:16]}…", markup=False)
     orch, subs = summary["orchestrator"], summary["sub_agents"]
     console.print(f"Steps: {summary['steps']}  tools: {', '.join(summary['tools'])}  "
                   f"({summary['errors']} error observations)", markup=False)

@@ -1,6 +1,8 @@
-"""`medclaw demo`: synth video → KB from the shipped corpus → a before/after question → summary,
-always labelled as tiny-random-weight output. The engine-marked run uses the session's tiny vLLM
-engines (no extra engine start); the other run scripts the orchestrator (agent-logic fake)."""
+"""`medclaw demo`: synth zoom video → KB from the shipped corpus → the video's first small-object
+question → summary with the ground truth, right or wrong, and the evidence frames. The engine run
+is on the committed trained miniature (`tiny-trained`) and must be right with the right evidence:
+a regression in frames, prompts or caching shows up there as a wrong answer. The other run
+scripts the orchestrator (agent-logic fake) on random-weight labelling."""
 from __future__ import annotations
 
 import json
@@ -8,7 +10,7 @@ import json
 import pytest
 
 from medclaw import cli
-from medclaw.cli.demo import DEMO_EVENT, RANDOM_WEIGHTS_LABEL
+from medclaw.cli.demo import DEMO_KIND, RANDOM_WEIGHTS_LABEL, TRAINED_LABEL
 from medclaw.engine.backends.fake import ScriptedBackend
 
 LOAD = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
@@ -37,15 +39,19 @@ def test_demo_pipeline_and_summary(medclaw, serve_roles_with, tmp_path, capsys):
                                "video_expert": ScriptedBackend([]),
                                "frame_verifier": ScriptedBackend([])})
     out_dir = tmp_path / "demo"
-    assert medclaw(["demo", "--out-dir", str(out_dir), "--minutes", "0.5", "--json"]) == 0
+    assert medclaw(["demo", "--out-dir", str(out_dir), "--minutes", "0.5", "--json",
+                    "--profile", "tiny-cpu"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert "TINY RANDOM WEIGHTS" in captured.err              # labelled even in JSON mode
     assert summary["label"] == RANDOM_WEIGHTS_LABEL
     gt = json.loads((out_dir / "demo-procedure.json").read_text())
-    relation = next(r for r in gt["relations"] if r["event"] == DEMO_EVENT)
-    assert summary["ground_truth"] == relation["instrument_in_before"]["instrument"]
+    qa = next(q for q in gt["zoom"]["qa"] if q["kind"] == DEMO_KIND)
+    assert summary["question"] == qa["question"] and summary["ground_truth"] == qa["answer"]
     assert summary["answer"] == "the grasper" and summary["status"] == "answered"
+    assert summary["correct"] is False and summary["evidence_times"] == [3.0]
+    visit = summary["visit_s"]
+    assert summary["evidence_in_visit"] is (visit[0] <= 3.0 < visit[1])
     assert summary["tools"] == ["load_skill", "load_skill", "final_answer"]
     assert set(summary["timings_s"]) == {"synth_s", "kb_build_s", "engine_start_s", "episode_s"}
     assert (out_dir / "kb" / "manifest.json").is_file() and opened[-1].knowledge_base is not None
@@ -56,13 +62,30 @@ def test_demo_pipeline_and_summary(medclaw, serve_roles_with, tmp_path, capsys):
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_demo_on_tiny_engines(medclaw, on_session_engines, tmp_path, capsys):
-    rc = medclaw(["demo", "--out-dir", str(tmp_path / "demo"), "--minutes", "0.5", "--max-steps", "4"])
+def test_demo_on_the_trained_miniature_is_right_with_its_evidence(medclaw, on_trained_engines,
+                                                                   tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    assert medclaw(["demo", "--out-dir", str(out_dir), "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert "TRAINED MINIATURE" in captured.err and summary["label"] == TRAINED_LABEL
+    gt = json.loads((out_dir / "demo-procedure.json").read_text())
+    qa = next(q for q in gt["zoom"]["qa"] if q["kind"] == DEMO_KIND)
+    assert summary["status"] == "answered", summary
+    assert summary["correct"] is True, (summary["answer"], qa["answer"])
+    assert summary["evidence_in_visit"] is True, (summary["evidence_times"], summary["visit_s"])
+    # the answer rests on a zoom into the object's box, at the asked time, in this video
+    crops = [f for f in summary["evidence_frames"] if f["tool"] == "crop_video_frame"]
+    assert crops, summary["tools"]
+    t = qa["evidence_times_s"][0]
+    fps = gt["fps"]
+    for frame in crops:
+        assert abs(frame["time_s"] - t) <= 1 / fps and frame["index"] == round(frame["time_s"] * fps)
+        box = qa["box"]
+        cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+        x1, y1, x2, y2 = frame["crop_box"]
+        assert x1 <= cx <= x2 and y1 <= cy <= y2
+    # and the human-readable run prints the same verdict
+    assert medclaw(["demo", "--out-dir", str(out_dir)]) == 0
     out = capsys.readouterr().out
-    assert "TINY RANDOM WEIGHTS" in out
-    assert "Ground truth:" in out and "Trace:" in out and "Orchestrator:" in out
-    status_line = next(line for line in out.splitlines() if line.startswith("Status:"))
-    # "Status: <status> (<forced reason>)": the reason may itself say "failed tool calls"
-    status = status_line.split()[1]
-    assert status.startswith(("answered", "forced_answer", "failed"))
-    assert rc == (3 if status.startswith("failed") else 0)      # exit statuses: medclaw --help
+    assert "Right:        yes" in out and "Evidence:     crop_video_frame" in out

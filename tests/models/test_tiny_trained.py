@@ -1,0 +1,45 @@
+"""The committed trained miniature (`tiny-trained` profile): its files are the ones its manifest
+names, its report says how to reproduce it and that it met the targets, and the budgets it trained
+at are the ones the profile serves it with."""
+from __future__ import annotations
+
+import json
+
+from medclaw.models import train_tiny as T
+from medclaw.models.registry import load_models
+
+
+def _report() -> dict:
+    return json.loads((T.COMMITTED / "train-report.json").read_text())
+
+
+def test_committed_files_match_their_manifest():
+    assert (T.COMMITTED / "MANIFEST.sha256").is_file()
+    assert T.check_manifest(T.COMMITTED) == []
+    names = (T.COMMITTED / "MANIFEST.sha256").read_text()
+    for name in ("vlm/model.safetensors", "llm/model.safetensors", "train-report.json"):
+        assert name in names
+
+
+def test_report_names_the_command_and_shows_the_zoom_gain():
+    report = _report()
+    assert report["command"].startswith("medclaw models train-tiny ")
+    assert report["command"].endswith(f" --seed {report['seed']}")
+    assert set(report["eval_seeds"]).isdisjoint(report["train_seeds"])
+    # what the miniature is for: the region a crop sends is read far better than the whole frame
+    for kind in T.TARGETS:
+        views = report["accuracy"][kind]
+        assert views["region"] >= views["frame"] + 0.4, (kind, views)
+    assert report["targets_met"] == (T.meets_targets(report["accuracy"]) and
+                                     report["orchestrator"]["held_out"]["action_accuracy"]
+                                     >= T.ORCHESTRATOR_TARGET)
+
+
+def test_the_profile_serves_the_budgets_it_trained_at():
+    specs = load_models(profile="tiny-trained")
+    vlm = specs["frame_verifier"]
+    assert vlm.path == str(T.COMMITTED / "vlm") and specs["video_expert"].path == vlm.path
+    assert specs["orchestrator"].path == str(T.COMMITTED / "llm")
+    budget = T._Budget()
+    for name in budget.__slots__:
+        assert getattr(vlm, name) == getattr(budget, name), name
