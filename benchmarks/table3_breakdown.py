@@ -1,0 +1,38 @@
+"""Per-kind breakdown of a `benchmarks/tiny_trained_table.sh` run, with the spread between the two
+halves of the held-out videos (videos 0-5 and 6-11): exact accuracy and evidence-window IoU per
+mode and question kind, as JSON on stdout.
+
+    python benchmarks/table3_breakdown.py artifacts/table3/run > benchmarks/results/cpu-2core-tiny-trained-table3.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def breakdown(run_dir: Path) -> dict:
+    out: dict = {"run_dir": str(run_dir), "modes": {}}
+    for results in sorted(run_dir.glob("*/results.jsonl")):
+        rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+        table: dict = {}
+        for kind in sorted({r["subtype"] for r in rows}):
+            mine = [r for r in rows if r["subtype"] == kind]
+            halves = [[r for r in mine if (int(r["id"].split("-")[0][1:]) >= 6) == upper]
+                      for upper in (False, True)]
+            by_half = [_mean([r["exact"]["match"] for r in half]) for half in halves]
+            table[kind] = {"n": len(mine),
+                           "exact": _mean([r["exact"]["match"] for r in mine]),
+                           "tiou": _mean([r["exact"]["tiou"] for r in mine]),
+                           "exact_by_half": by_half,
+                           "answered": sum(r["status"] == "answered" for r in mine)}
+        out["modes"][results.parent.name] = table
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(breakdown(Path(sys.argv[1])), indent=1))
