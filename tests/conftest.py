@@ -154,10 +154,11 @@ def trained_specs(tiny_models):
     return load_models(profile="tiny-trained")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def trained_engines(trained_specs, llm_engine):
     """In-process vLLM engines on the trained miniature, role → backend; the judge is the
-    profile's untrained tiny LLM, served by the session's `llm_engine`."""
+    profile's untrained tiny LLM, served by the session's `llm_engine`. Module-scoped: two more
+    engines for the whole session would hold their memory through every later engine test."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
 
     orchestrator = VLLMBackend(trained_specs["orchestrator"])

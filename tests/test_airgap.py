@@ -214,7 +214,7 @@ def test_bench_kv_on_guarded_engines(monkeypatch, capsys, airgap_log, tiny_vlm_s
 @pytest.mark.slow
 def test_demo_on_guarded_engines(on_session_engines, tmp_path, capsys, airgap_log):
     rc = main(["demo", "--out-dir", str(tmp_path / "demo"), "--minutes", "0.5", "--max-steps", "2",
-               "--json"])
+               "--json", "--profile", "tiny-cpu"])
     summary = json.loads(capsys.readouterr().out)
     assert rc in (0, 1) and summary["trace"]
     assert (tmp_path / "demo" / "kb" / "manifest.json").is_file()      # the KB was built, guarded
