@@ -9,8 +9,8 @@
    (`medclaw models train-tiny`), real vLLM CPU engines, real decoding, real FAISS, the real agent
    loop and tools;
 4. print the answer next to the ground truth — right or wrong, and whether its evidence times fall
-   on the object's visit — the evidence frames (time, source index, content hash) and a summary of
-   the trace (steps, tools, frames, tokens and cached tokens, timings).
+   on the object's visit — the evidence frames (time, frame index, region, the video's sha256)
+   and a summary of the trace (steps, tools, frames, tokens and cached tokens, timings).
 
 The miniature was trained on synthetic procedures only: its answers say the machinery sees and
 plans, not that it knows surgery. `--profile tiny-cpu` runs the same on random weights, where the
@@ -106,7 +106,6 @@ def _synth(path, minutes: float):
     """Reuse the video when it exists with the same ground truth (synthesis is deterministic)."""
     from medclaw.synth.video import SynthVideo, synthesize
     from medclaw.synth.truth import make_ground_truth
-
     from medclaw.synth.zoom import ZoomOptions
 
     size = dict(width=320, height=180, fps=25, zoom=ZoomOptions.all())

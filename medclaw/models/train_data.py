@@ -11,8 +11,8 @@ A sample is exactly what a tool sends the frame verifier, and what it should hav
   `region_target` (what lies in the region).
 - the one-shot baseline (`eval.oneshot`): the whole video planned as that baseline plans it
   (`kernels.planner.plan_frames` under the role's budgets), its instructions and a zoom question;
-  target the answer and its `EVIDENCE:` window. The same model answers both modes of an
-  evaluation, so the one-shot pass is trained too: it loses only what its pixels cannot show.
+  target the answer and its `EVIDENCE:` window. The recipe scores it but does not train on it
+  (`train_tiny.ONESHOT_SHARE`); `random_sample(..., oneshot_share)` can mix it in.
 
 Pixels come from the synthetic videos decoded with PyAV and cut/resized with the kernels' own
 `ops.crop_box_to_pixels` + `ops.resize_crop`, the path `FrameSource` takes. Targets come from the
@@ -183,10 +183,11 @@ def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
     import torch
 
     from medclaw.eval import oneshot
+    from medclaw.eval.synthetic import ZOOM_WINDOW_S
     from medclaw.kernels.ops import resize_crop
     from medclaw.kernels.planner import plan_frames
     from medclaw.kernels.probe import probe_video
-    from medclaw.synth.zoom import zoom_question
+    from medclaw.synth.zoom import visible_at, zoom_question
     from medclaw.tools.media import TEXT_RESERVE_TOKENS
     from medclaw.tools.timeline import Window
 
@@ -197,19 +198,15 @@ def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
                        max_visual_tokens=spec.max_model_len - oneshot.MAX_TOKENS - TEXT_RESERVE_TOKENS)
     clip = resize_crop(torch.from_numpy(frames[list(plan.frame_indices)]), plan.width, plan.height)
     gt = video.gt
-    names = visible_names(gt, "small" if kind == "small_object" else "look_alike", gt.frame_at(t))
-    answer = names[0] if names else "none"
+    names = visible_at(gt.zoom, "small" if kind == "small_object" else "look_alike", gt.frame_at(t))
+    answer = _label(names[0]) if names else "none"
     question = zoom_question(kind, t)
+    window = Window(max(0.0, t - ZOOM_WINDOW_S), t + ZOOM_WINDOW_S)     # the gold window
     return Sample(VIDEO_EXPERT_SYSTEM,
                   oneshot.instructions(info.duration_s) + f"Question: {question}",
-                  clip.numpy(), f"{answer}\nEVIDENCE: {Window(max(0.0, t - 0.5), t + 0.5)}",
+                  clip.numpy(), f"{answer}\nEVIDENCE: {window}",
                   {"tool": "oneshot", "kind": kind, "time_s": t,
                    "visual_tokens": plan.num_visual_tokens}, fps=plan.fps)
-
-
-def visible_names(gt, kind: str, frame: int) -> list[str]:
-    """Labels of the `kind` zoom visits ("small" | "look_alike") on screen at `frame`."""
-    return [_label(v["name"]) for v in _on(gt.zoom.get("visits", []), frame) if v["kind"] == kind]
 
 
 def _jitter(box, rng, amount: float):
