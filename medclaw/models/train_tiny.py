@@ -34,7 +34,7 @@ What the experiments on this data showed (held-out region accuracy, 24 questions
 - A detail inside one visual token is not read: a 4 px look-alike mark stayed at chance at
   every rate tried. At ~18 px in the region (`synth.zoom.MARK_FRACTION`) it is read, while the
   whole frame, where it is ~5 px, stays near chance.
-- This recipe (4 runs, 400-800 steps, seeds 0 and 1): small objects 0.75-0.83 from the region,
+- This recipe (4 runs, all seed 0, 400-800 steps): small objects 0.75-0.83 from the region,
   look-alikes 0.75-1.0; the gauze tag (lime) is read as the needle (white). With one-shot
   requests in the mix (8 runs: 10 % throughout, or 25 % in a last quarter with the vision tower
   frozen; also with a green gauze tag, rates of 1e-3, a tighter small-object box) one kind fell
