@@ -467,6 +467,7 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
     from transformers import AutoTokenizer
 
     from medclaw.models.tiny import _write_weights
+    from medclaw.models.train_tiny import warmup_cosine
     from medclaw.requests.conversation import message_text
 
     started = time.monotonic()
@@ -492,10 +493,7 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
 
     accelerator = Accelerator(cpu=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(           # linear warm-up, then cosine to 0
-        optimizer, lambda k: min(1.0, (k + 1) / warmup)
-        * 0.5 * (1 + np.cos(np.pi * min(1.0, k / max(1, steps)))))
+    schedule = warmup_cosine(optimizer, steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     losses = []

@@ -261,10 +261,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                       {"params": [p for n, p in model.named_parameters() if ".visual." not in f".{n}"],
                        "lr": LR}]
             optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-            warmup = max(1, steps // 20)
-            schedule = torch.optim.lr_scheduler.LambdaLR(   # linear warm-up, then cosine to 0
-                optimizer, lambda k: min(1.0, (k + 1) / warmup)
-                * 0.5 * (1 + np.cos(np.pi * min(1.0, k / max(1, steps)))))
+            schedule = warmup_cosine(optimizer, steps)
             model, optimizer = accelerator.prepare(model, optimizer)
             model.train()
             losses = []
@@ -305,6 +302,18 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
     (out / "train-report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     write_manifest(out)
     return report
+
+
+def warmup_cosine(optimizer, steps: int):
+    """The learning-rate schedule both miniature models train with: linear warm-up over the
+    first 5 % of `steps`, then cosine to 0."""
+    import numpy as np
+    import torch
+
+    warmup = max(1, steps // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup)
+        * 0.5 * (1 + np.cos(np.pi * min(1.0, k / max(1, steps)))))
 
 
 def meets_targets(accuracy: dict) -> bool:
