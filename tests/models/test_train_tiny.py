@@ -184,7 +184,7 @@ def test_cli_refuses_a_used_out_folder(tmp_path, capsys):
                     reason="retrains the miniature (CPU minutes); set MEDCLAW_RETRAIN=1")
 def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     """The README's recipe, end to end: the committed checkpoint's held-out scores come back
-    within noise, and still pass the targets."""
+    within noise (the targets themselves are not met yet: `targets_met` is false in both)."""
     import json
 
     committed = json.loads((T.COMMITTED / "train-report.json").read_text())
@@ -192,9 +192,13 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     assert main(["models", "train-tiny", str(tmp_path / "out"), "--seed", str(seed)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert T.check_manifest(tmp_path / "out") == []
-    for kind, target in T.TARGETS.items():
-        assert report["accuracy"][kind]["region"] >= target, report["accuracy"]
-        assert abs(report["accuracy"][kind]["region"] - committed["accuracy"][kind]["region"]) <= 0.25
+    for kind in T.TARGETS:
+        views, before = report["accuracy"][kind], committed["accuracy"][kind]
+        assert abs(views["region"] - before["region"]) <= 0.15, (kind, views, before)
+        assert views["region"] >= views["frame"] + 0.4, (kind, views)
+    actions = report["orchestrator"]["held_out"]["action_accuracy"]
+    assert abs(actions - committed["orchestrator"]["held_out"]["action_accuracy"]) <= 0.15
+    assert report["targets_met"] == committed["targets_met"]
 
 
 def test_targets_need_every_kind_on_the_region():
