@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -461,13 +460,10 @@ def fit(out: Path, played: list, *, seed: int = 0, steps: int = STEPS, batch: in
 
 def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
     import numpy as np
-    import torch
-    from accelerate import Accelerator
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from medclaw.models.tiny import _write_weights
-    from medclaw.models.train_tiny import warmup_cosine
+    from medclaw.models.train_tiny import fit_steps
     from medclaw.requests.conversation import message_text
 
     started = time.monotonic()
@@ -491,15 +487,7 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
                                       "sequence_max": max(len(s) for s, _ in data),
                                       "sequence_mean": round(float(np.mean([len(s) for s, _ in data])), 1)}}
 
-    accelerator = Accelerator(cpu=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = warmup_cosine(optimizer, steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
-    losses = []
-    bar = tqdm(range(steps), desc="train-orchestrator", unit="step", disable=not progress,
-               file=sys.stderr)
-    for step in bar:
+    def step_loss(model, step):
         # Curriculum (module doc, 3): the copy is learnt first without the long system turn,
         # then on the real prompts, with short sequences still in the mix.
         short_rows = [short[int(i)] for i in rng.integers(len(short), size=batch)]
@@ -511,14 +499,10 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
             picks = rng.integers(len(rows), size=max(1, batch // 2))
             loss = (loss + prefix_loss(model, prefix, [rows[int(i)] for i in picks],
                                        tokenizer.pad_token_id)) / 2
-        accelerator.backward(loss)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-    model = accelerator.unwrap_model(model).eval()
+        return loss
+
+    model, losses = fit_steps(model, [{"params": list(model.parameters()), "lr": lr}], steps,
+                              step_loss, desc="train-orchestrator", progress=progress)
     _write_weights(model, Path(out))                        # bf16 safetensors
     report["train_s"] = round(time.monotonic() - started, 1)
     report["loss_first"] = round(float(np.mean(losses[:20])), 4)

@@ -232,8 +232,6 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                command: str = "") -> TrainReport:
     import numpy as np
     import torch
-    from accelerate import Accelerator
-    from tqdm import tqdm
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
     from medclaw.models.train_data import random_sample, render
@@ -255,31 +253,18 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             model = Qwen2_5_VLForConditionalGeneration.from_pretrained(base, dtype=torch.float32)
             train = render(tmp, TRAIN_SEEDS, TRAIN_MINUTES)
             held_out = render(tmp, EVAL_SEEDS, EVAL_MINUTES)
-            accelerator = Accelerator(cpu=True)
             groups = [{"params": [p for n, p in model.named_parameters() if ".visual." in f".{n}"],
                        "lr": VISION_LR},
                       {"params": [p for n, p in model.named_parameters() if ".visual." not in f".{n}"],
                        "lr": LR}]
-            optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-            schedule = warmup_cosine(optimizer, steps)
-            model, optimizer = accelerator.prepare(model, optimizer)
-            model.train()
-            losses = []
-            bar = tqdm(range(steps), desc="train-tiny", unit="step", disable=not progress,
-                       file=sys.stderr)
-            for _ in bar:
+
+            def step_loss(model, step):
                 batch = _encode(processor, [random_sample(train, _Budget(), rng, ONESHOT_SHARE)
                                             for _ in range(BATCH)])
-                loss = sample_loss(model, batch)
-                accelerator.backward(loss)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-                losses.append(float(loss.detach()))
-                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-            model = accelerator.unwrap_model(model)
-            model.eval()
+                return sample_loss(model, batch)
+
+            model, losses = fit_steps(model, groups, steps, step_loss, desc="train-tiny",
+                                      progress=progress)
             report.loss_first = round(float(np.mean(losses[:20])), 4)
             report.loss_last = round(float(np.mean(losses[-20:])), 4)
             vlm = out / "vlm"
@@ -302,6 +287,34 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
     (out / "train-report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     write_manifest(out)
     return report
+
+
+def fit_steps(model, param_groups, steps: int, step_loss, *, desc: str, progress: bool):
+    """The training loop both miniature models share: AdamW without weight decay over
+    `param_groups`, `warmup_cosine`, gradients clipped to norm 1; `step_loss(model, step)` is the
+    loss of one step. Returns (the trained model in eval mode, every step's loss)."""
+    import numpy as np
+    import torch
+    from accelerate import Accelerator
+    from tqdm import tqdm
+
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW(param_groups, weight_decay=0.0)
+    schedule = warmup_cosine(optimizer, steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+    losses = []
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, file=sys.stderr)
+    for step in bar:
+        loss = step_loss(model, step)
+        accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+    return accelerator.unwrap_model(model).eval(), losses
 
 
 def warmup_cosine(optimizer, steps: int):
