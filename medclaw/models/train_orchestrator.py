@@ -48,7 +48,6 @@ machines. The expert, its cases and what "the same action" means live in `orches
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import tempfile
 import time
@@ -358,11 +357,13 @@ def held_out_cases(root: Path) -> list:
 
 
 async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict, list]:
-    """Let the saved model drive the real episode loop (transformers backend, constrained)."""
+    """Let the saved model drive the real episode loop (transformers backend, constrained to
+    the compact JSON vLLM's grammar writes)."""
+    from medclaw.engine.backends.hf import TransformersBackend
     from medclaw.models.spec import ModelSpec
     from medclaw.tools.registry import default_registry
 
-    student = _CompactJSONBackend(ModelSpec(name="trained-orchestrator", path=str(folder),
+    student = TransformersBackend(ModelSpec(name="trained-orchestrator", path=str(folder),
                                             backend="transformers"))
     try:
         episodes = await play_all(cases, root, student=student, kb_types=kb_types,
@@ -371,39 +372,6 @@ async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict
         await student.close()
     specs = default_registry(kb_types=kb_types).specs()
     return score(episodes, specs), episodes
-
-
-def _compact_backend_class():
-    from medclaw.engine.backends.hf import TransformersBackend
-
-    class CompactJSONBackend(TransformersBackend):
-        """The transformers backend with the grammar vLLM compiles (`disable_any_whitespace`):
-        xgrammar's separators (",", ":"). TransformersBackend compiles with xgrammar's default
-        separators for any_whitespace=False, (", ", ": "), which forces a space after every
-        comma and colon: not the JSON the engine's vLLM backend constrains to, nor the one the
-        student was trained on."""
-
-        def _grammar_processor(self, schema: dict):
-            import xgrammar as xgr
-            from xgrammar.contrib.hf import LogitsProcessor
-
-            if self._compiler is None:
-                vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size)
-                self._compiler = xgr.GrammarCompiler(info)
-            key = json.dumps(schema)
-            compiled = self._grammars.get(key)
-            if compiled is None:
-                compiled = self._compiler.compile_json_schema(key, any_whitespace=False,
-                                                              separators=(",", ":"))
-                self._grammars[key] = compiled
-            return LogitsProcessor(compiled), list(compiled.tokenizer_info.stop_token_ids)
-
-    return CompactJSONBackend
-
-
-def _CompactJSONBackend(spec):
-    return _compact_backend_class()(spec)
 
 
 # ----------------------------------------------------------------------------------- training
