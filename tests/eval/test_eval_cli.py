@@ -192,3 +192,16 @@ def test_kill_9_at_any_moment_then_resume_gives_every_id_once(tmp_path, synth_vi
     assert sorted(ids) == sorted(f"q{i}" for i in range(n)) and len(ids) == n
     meta = json.loads((out / "agent" / "run.json").read_text())
     assert len(meta["resumed_at"]) == 3
+
+
+def test_make_synthetic_zoom_families_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "zoom"
+    assert cli.main(["eval", "make-synthetic", str(out), "--videos", "1", "--minutes", "0.5",
+                     "--seed", "5000", "--zoom", "--families", "small_object, look_alike"]) == 0
+    rows = [json.loads(line) for line in (out / "dataset.jsonl").read_text().splitlines()]
+    assert sorted(r["subtype"] for r in rows) == ["look_alike"] * 2 + ["small_object"] * 2
+    capsys.readouterr()
+    assert cli.main(["eval", "make-synthetic", str(tmp_path / "x"), "--videos", "1",
+                     "--minutes", "0.5", "--families", "small_object"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "zoom families need zoom" in err
