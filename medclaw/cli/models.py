@@ -56,14 +56,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_make_tiny)
 
-    p = sub.add_parser("train-tiny", help="train the miniature's frame verifier on synthetic procedures (CPU)",
+    p = sub.add_parser("train-tiny", help="train the miniature (tiny-trained profile) on synthetic procedures (CPU)",
                        description="Render synthetic procedures with content worth zooming into, train a "
                        "tiny Qwen2.5-VL on the frame and region descriptions the frame tools ask for "
-                       "(transformers + accelerate, CPU), score it on held-out seeds and write "
-                       "OUT/vlm, OUT/train-report.json and OUT/MANIFEST.sha256.")
+                       "and, at the same time on the second core, a tiny orchestrator by imitation of a "
+                       "scripted expert (transformers + accelerate, CPU, about 20 minutes on 2 cores); "
+                       "score both on held-out seeds and write OUT/vlm, OUT/llm, "
+                       "OUT/train-report.json and OUT/MANIFEST.sha256.")
     p.add_argument("out", help="output folder (must not exist or be empty)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the recipe's)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (default 0, the committed one)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="the VLM's optimiser steps (default: the recipe's; the orchestrator's are fixed)")
     p.set_defaults(handler=_train_tiny)
 
     p = sub.add_parser("import", help="import a local model folder into the store")

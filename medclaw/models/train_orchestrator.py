@@ -39,8 +39,9 @@ the shipped KB's system prompt, and the same 0.79 with the saved folder served b
 backend (in-process, schema-constrained) driving the 24 held-out episodes. The misses are times
 copied with one wrong digit (and, once, a box edge): the copy behind the long system turn is
 the weak spot, and it improved with more steps on it (0.375 after 250 such steps, 0.79 after
-420). It takes ~18 CPU-minutes on one thread of a shared 2-core machine, over the 8-minute
-budget; a step with the system turn costs ~2 s, one without ~1 s.
+420). It takes ~18 CPU-minutes on one thread of a 2-core machine, the longer of the two runs
+`train-tiny` overlaps (the VLM's takes ~5); a step with the system turn costs ~2 s, one
+without ~1 s.
 
 Deterministic in `seed` on one machine (data draws, init); scores reproduce within noise across
 machines. The expert, its cases and what "the same action" means live in `orchestrator_data`.
@@ -377,7 +378,7 @@ async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict
 # ----------------------------------------------------------------------------------- training
 
 def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True,
-                       episodes: int = EPISODES, evaluate_kb: bool = False) -> dict:
+                       episodes: int = EPISODES, evaluate_kb: bool = False, bar_line: int = 0) -> dict:
     """Train on expert episodes of TRAIN_SEEDS, save to `out_dir`, score on EVAL_SEEDS (module
     doc); returns the report (steps, losses, prompt sizes, held-out action accuracy, wall time).
     `evaluate_kb` also scores the system prompt of a runtime with the shipped KB."""
@@ -399,7 +400,8 @@ def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: boo
             cases = training_cases(videos, episodes, rng)
             played = asyncio.run(play_all(cases, root, kb_types=kb_types, kb_share=KB_SHARE, rng=rng))
             report["data_s"] = round(time.monotonic() - started, 1)
-            report.update(fit(out, played, seed=seed, steps=steps, progress=progress, rng=rng))
+            report.update(fit(out, played, seed=seed, steps=steps, progress=progress, rng=rng,
+                              bar_line=bar_line))
             held_out = held_out_cases(root)
             report["held_out"], _ = asyncio.run(evaluate(out, held_out, root))
             if evaluate_kb:
@@ -411,7 +413,8 @@ def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: boo
 
 
 def fit(out: Path, played: list, *, seed: int = 0, steps: int = STEPS, batch: int = BATCH,
-        lr: float = LR, sizes: dict | None = None, progress: bool = True, rng=None) -> dict:
+        lr: float = LR, sizes: dict | None = None, progress: bool = True, rng=None,
+        bar_line: int = 0) -> dict:
     """Build the tokenizer and model on `played` expert episodes, train, write `out` (bf16
     weights, tokenizer, config, generation config); returns the training part of the report.
     Runs on THREADS intra-op threads (restored after)."""
@@ -421,12 +424,12 @@ def fit(out: Path, played: list, *, seed: int = 0, steps: int = STEPS, batch: in
     torch.set_num_threads(THREADS)
     try:
         return _fit(out, played, seed=seed, steps=steps, batch=batch, lr=lr, sizes=sizes,
-                    progress=progress, rng=rng)
+                    progress=progress, rng=rng, bar_line=bar_line)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
+def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line) -> dict:
     import numpy as np
     from transformers import AutoTokenizer
 
@@ -470,7 +473,8 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng) -> dict:
         return loss
 
     model, losses = fit_steps(model, [{"params": list(model.parameters()), "lr": lr}], steps,
-                              step_loss, desc="train-orchestrator", progress=progress)
+                              step_loss, desc="train-orchestrator", progress=progress,
+                              bar_line=bar_line)
     _write_weights(model, Path(out))                        # bf16 safetensors
     report["train_s"] = round(time.monotonic() - started, 1)
     report["loss_first"] = round(float(np.mean(losses[:20])), 4)

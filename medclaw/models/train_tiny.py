@@ -13,7 +13,9 @@
    look-alike question of those videos, the answer read from the model's greedy reply to
    (a) the whole frame, (b) the region the question is about, (c) the one-shot baseline's
    request (the whole video, planned as `eval.oneshot` plans it).
-4. Trains the orchestrator by imitation (`models.train_orchestrator`) into OUT/llm.
+4. Trains the orchestrator by imitation (`models.train_orchestrator`) into OUT/llm, in a
+   spawned process on the second core while the VLM trains on the first (each on one thread,
+   so the two runs are what they would be one after the other, in about the longer one's time).
 5. Writes OUT/vlm and OUT/llm (bf16 safetensors + tokenizer (+ processor)), OUT/train-report.json
    (the command, the seed, the losses, the held-out scores, `targets_met`) and OUT/MANIFEST.sha256.
 
@@ -245,6 +247,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                          eval_seeds=list(EVAL_SEEDS), scope=SCOPE)
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
+    orchestrator = _start_orchestrator(out / "llm", seed, progress)
     try:
         with tempfile.TemporaryDirectory(prefix="medclaw-train-") as tmp:
             base = Path(tmp) / "base"
@@ -276,11 +279,10 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             # score what was saved (bf16), in float32 like a CPU engine computes
             saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32).eval()
             report.accuracy, report.counts = evaluate(saved, processor, held_out)
+        report.orchestrator = orchestrator.result()
     finally:
         torch.set_num_threads(threads)
-    from medclaw.models.train_orchestrator import train_orchestrator
-
-    report.orchestrator = train_orchestrator(out / "llm", seed=seed, progress=progress)
+        orchestrator.stop()
     report.targets_met = (meets_targets(report.accuracy) and report.orchestrator["held_out"]
                           ["action_accuracy"] >= ORCHESTRATOR_TARGET)
     report.wall_s = round(time.monotonic() - started, 1)
@@ -289,7 +291,37 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
     return report
 
 
-def fit_steps(model, param_groups, steps: int, step_loss, *, desc: str, progress: bool):
+class _Background:
+    """One function running in a spawned process (a fresh interpreter: no forked torch state)."""
+
+    def __init__(self, fn, *args, **kwargs):
+        import multiprocessing
+
+        self._pool = multiprocessing.get_context("spawn").Pool(1)
+        self._pending = self._pool.apply_async(fn, args, kwargs)
+
+    def result(self):
+        """Wait for the function's return value; its exception is raised here."""
+        return self._pending.get()
+
+    def stop(self) -> None:
+        """Kill the process if it is still working (the VLM failed or ^C), else let it exit."""
+        if self._pending.ready():
+            self._pool.close()
+        else:
+            self._pool.terminate()
+        self._pool.join()
+
+
+def _start_orchestrator(out: Path, seed: int, progress: bool) -> _Background:
+    from medclaw.models.train_orchestrator import train_orchestrator
+
+    # its progress bar on the line under the VLM's
+    return _Background(train_orchestrator, out_dir=out, seed=seed, progress=progress, bar_line=1)
+
+
+def fit_steps(model, param_groups, steps: int, step_loss, *, desc: str, progress: bool,
+              bar_line: int = 0):
     """The training loop both miniature models share: AdamW without weight decay over
     `param_groups`, `warmup_cosine`, gradients clipped to norm 1; `step_loss(model, step)` is the
     loss of one step. Returns (the trained model in eval mode, every step's loss)."""
@@ -304,7 +336,8 @@ def fit_steps(model, param_groups, steps: int, step_loss, *, desc: str, progress
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     losses = []
-    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, file=sys.stderr)
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, file=sys.stderr,
+               position=bar_line)
     for step in bar:
         loss = step_loss(model, step)
         accelerator.backward(loss)

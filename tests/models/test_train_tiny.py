@@ -2,6 +2,8 @@
 up with their labels, a few real optimiser steps lower the loss, the CLI refuses a used OUT."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -199,6 +201,25 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     actions = report["orchestrator"]["held_out"]["action_accuracy"]
     assert abs(actions - committed["orchestrator"]["held_out"]["action_accuracy"]) <= 0.15
     assert report["targets_met"] == committed["targets_met"]
+
+
+def test_background_returns_raises_and_stops():
+    """The orchestrator's spawned process (train_tiny._Background): its value comes back, its
+    exception is raised in the caller, and stop() ends a run that is still working."""
+    import json
+
+    job = T._Background(json.dumps, obj={"a": [1, 2]})
+    assert json.loads(job.result()) == {"a": [1, 2]}
+    job.stop()
+    job = T._Background(json.loads, s="{")
+    with pytest.raises(json.JSONDecodeError):
+        job.result()
+    job.stop()
+    started = time.monotonic()
+    job = T._Background(time.sleep, 60)
+    time.sleep(0.5)
+    job.stop()
+    assert time.monotonic() - started < 30
 
 
 def test_targets_need_every_kind_on_the_region():
