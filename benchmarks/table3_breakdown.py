@@ -1,6 +1,6 @@
 """Per-kind breakdown of a `benchmarks/tiny_trained_table.sh` run, with the spread between the two
-halves of the held-out videos (videos 0-5 and 6-11): exact accuracy and evidence-window IoU per
-mode and question kind, as JSON on stdout.
+halves of the held-out videos (videos 0-5 and 6-11): exact accuracy, evidence-window IoU and the
+judge's four dimensions per mode and question kind, as JSON on stdout.
 
     python benchmarks/table3_breakdown.py artifacts/table3/run > benchmarks/results/cpu-2core-tiny-trained-table3.json
 """
@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+
+DIMENSIONS = ("CI", "DO", "CU", "TU", "avg")      # the judge's four scores and their mean
 
 
 def _mean(values: list[float]) -> float | None:
@@ -29,6 +32,7 @@ def breakdown(run_dir: Path) -> dict:
                            "exact": _mean([r["exact"]["match"] for r in mine]),
                            "tiou": _mean([r["exact"]["tiou"] for r in mine]),
                            "exact_by_half": by_half,
+                           "judge": {d: _mean([r["judge"][d] for r in mine]) for d in DIMENSIONS},
                            "answered": sum(r["status"] == "answered" for r in mine)}
         out["modes"][results.parent.name] = table
     return out

@@ -185,8 +185,10 @@ def _train_tiny(args) -> int:
     report = train_tiny(out, seed=args.seed, steps=steps, progress=sys.stderr.isatty(), command=command)
     print(json.dumps(report.to_dict(), indent=2))
     if not report.targets_met:
-        print(f"medclaw: the trained model misses the held-out targets (region accuracy "
-              f"{json.dumps(report.accuracy)}); do not use it as a profile", file=sys.stderr)
+        print(f"medclaw: the trained models miss held-out targets (region accuracy "
+              f"{json.dumps(report.accuracy)}, orchestrator actions "
+              f"{report.orchestrator['held_out']['action_accuracy']}); see train-report.json",
+              file=sys.stderr)
     return 0
 
 
