@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `medclaw distill` on the trained miniature (`tiny-trained`): mine the agent's failures on held-out
+# synthetic zoom questions, let the orchestrator write lessons, and gate every candidate skill on a
+# validation set with the profile's judge (R_0, R_s, verdict for each). That judge is the untrained
+# tiny LLM: the run shows the method works end to end on this profile, its verdicts mean nothing.
+#
+#   benchmarks/tiny_trained_distill.sh [OUT_DIR] [FIRST_SEED]     (default artifacts/distill-tiny, 6000)
+#
+# Renders 2 mining videos (seeds FIRST_SEED..) and 2 validation videos (FIRST_SEED+100..), 0.5 min
+# each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1047), 8 small-object
+# and look-alike questions each, and writes OUT_DIR/run/distill_report.{md,json}. The library
+# grown is OUT_DIR/library (the shipped skills apply too); nothing outside OUT_DIR is written.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-artifacts/distill-tiny}"
+SEED="${2:-6000}"
+MEDCLAW="${MEDCLAW:-.venv/bin/medclaw}"
+rm -rf "$OUT"
+"$MEDCLAW" eval make-synthetic "$OUT/mine" --videos 2 --minutes 0.5 --seed "$SEED" --zoom \
+  --families small_object,look_alike
+"$MEDCLAW" eval make-synthetic "$OUT/val" --videos 2 --minutes 0.5 --seed "$((SEED + 100))" --zoom \
+  --families small_object,look_alike
+"$MEDCLAW" distill --mine "$OUT/mine/dataset.jsonl" --val "$OUT/val/dataset.jsonl" \
+  --library "$OUT/library" --profile tiny-trained --out "$OUT/run" --max-candidates 3
+cat "$OUT/run/distill_report.md"
