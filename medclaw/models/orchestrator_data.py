@@ -1,6 +1,8 @@
 """Expert episodes for the trained miniature's orchestrator (`models.train_orchestrator`).
 
-    episodes = await record(cases, specs, trace_dir)     # [Episode(requests, replies, case)]
+    videos = render_videos(root, seeds, minutes)          # [(SynthVideo, VideoInfo)]
+    cases = question_cases(videos)                         # a Case per zoom question
+    episodes = await play_all(cases, root)                 # [Episode(case, requests, replies, ...)]
 
 A `Case` is one zoom question (`synth.zoom`: `small_object`, `look_alike`) put to the REAL
 episode loop (`engine.episode.run_episode`, real tool registry and skill index, real frame
@@ -24,9 +26,11 @@ rendering and checks that every earlier prompt + reply is a prefix of the next p
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from medclaw.models.train_data import NOTHING, QUERIES, region_target
 from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
@@ -200,3 +204,78 @@ async def play(case: Case, specs: dict, trace_dir: str, student=None, frames=Non
     # scripted backends hold nothing
     return Episode(case=case, requests=recorder.requests, replies=recorder.replies,
                    expected=recorder.expected, status=result.status, answer=result.answer)
+
+
+# ----------------------------------------------------- videos, cases, playing them all
+
+def role_specs(root: Path) -> dict:
+    """Role specs for playing episodes: scripted models, the tiny-trained verifier's budgets."""
+    from medclaw.models.spec import ModelSpec
+    from medclaw.models.train_tiny import MAX_PIXELS, MIN_PIXELS
+
+    vlm = dict(backend="fake", min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    return {"orchestrator": ModelSpec(name="expert", path=str(root / "expert"), backend="fake"),
+            "video_expert": ModelSpec(name="verifier", path=str(root / "verifier"), **vlm),
+            "frame_verifier": ModelSpec(name="verifier", path=str(root / "verifier"), **vlm)}
+
+
+def render_videos(root: Path, seeds, minutes) -> list:
+    """[(SynthVideo, VideoInfo)] for `seeds` (minutes: one length, or lengths cycled)."""
+    from medclaw.kernels.probe import probe_video
+    from medclaw.models.train_data import FPS, HEIGHT, WIDTH
+    from medclaw.synth.video import synthesize
+    from medclaw.synth.zoom import ZoomOptions
+
+    lengths = minutes if isinstance(minutes, (tuple, list)) else (minutes,)
+    videos = []
+    for k, seed in enumerate(seeds):
+        video = synthesize(root / f"orch-{seed}.mp4", minutes=lengths[k % len(lengths)], seed=seed,
+                           width=WIDTH, height=HEIGHT, fps=FPS, zoom=ZoomOptions.all(), progress=False)
+        videos.append((video, probe_video(str(video.path))))
+    return videos
+
+
+def question_cases(videos) -> list:
+    """A Case per small-object / look-alike question of `videos`, with an ideal verifier."""
+    cases = []
+    for video, info in videos:
+        for q in video.gt.zoom["qa"]:
+            if q["kind"] in KINDS:
+                cases.append(Case(str(video.path), info, video.gt, q["kind"], q["question"],
+                                  float(q["evidence_times_s"][0]), tuple(round(b, 2) for b in q["box"])))
+    return cases
+
+
+async def play_all(cases, root: Path, student=None, kb_types=None, kb_share: float = 0.0,
+                   rng=None) -> list:
+    """Play every case (concurrently, on one shared frame source); `kb_share` of them with
+    `kb_types` as the search tool's enum."""
+    from medclaw.kernels.frames import FrameSource
+
+    specs = role_specs(root)
+    frames = FrameSource()
+    limit = asyncio.Semaphore(8 if student is None else 1)
+
+    async def one(case):
+        drawn = kb_share >= 1.0 or (rng is not None and rng.uniform() < kb_share)
+        kb = kb_types if drawn else None
+        async with limit:
+            return await play(case, specs, str(root / "traces"), student=student, frames=frames,
+                              kb_types=kb)
+
+    try:
+        return list(await asyncio.gather(*(one(c) for c in cases)))
+    finally:
+        close = getattr(frames, "close", None)
+        if close is not None:
+            close()
+
+
+def shipped_kb_types() -> list[str]:
+    """The passage types of the shipped knowledge base (`medclaw demo` builds it): the search
+    tool's enum, hence the system prompt, when a runtime has that KB."""
+    from medclaw.kb.build import shipped_corpus_dir
+    from medclaw.kb.passages import read_corpus
+
+    passages, _ = read_corpus(shipped_corpus_dir())
+    return sorted({p.type for p in passages})

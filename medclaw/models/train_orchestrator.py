@@ -44,7 +44,8 @@ the weak spot, and it improved with more steps on it (0.375 after 250 such steps
 without ~1 s.
 
 Deterministic in `seed` on one machine (data draws, init); scores reproduce within noise across
-machines. The expert, its cases and what "the same action" means live in `orchestrator_data`.
+machines. The expert, its cases, the videos and the playing of episodes live in
+`orchestrator_data`; what "the same action" means, in `same_action` here.
 """
 from __future__ import annotations
 
@@ -78,46 +79,6 @@ THREADS = 1                                   # see train_tiny.THREADS
 
 # ------------------------------------------------------------------------------------ episodes
 
-def _specs(root: Path) -> dict:
-    """Role specs for playing episodes: scripted models, the tiny-trained verifier's budgets."""
-    from medclaw.models.spec import ModelSpec
-    from medclaw.models.train_tiny import MAX_PIXELS, MIN_PIXELS
-
-    vlm = dict(backend="fake", min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
-    return {"orchestrator": ModelSpec(name="expert", path=str(root / "expert"), backend="fake"),
-            "video_expert": ModelSpec(name="verifier", path=str(root / "verifier"), **vlm),
-            "frame_verifier": ModelSpec(name="verifier", path=str(root / "verifier"), **vlm)}
-
-
-def render_videos(root: Path, seeds, minutes) -> list:
-    """[(SynthVideo, VideoInfo)] for `seeds` (minutes: one length, or lengths cycled)."""
-    from medclaw.kernels.probe import probe_video
-    from medclaw.models.train_data import FPS, HEIGHT, WIDTH
-    from medclaw.synth.video import synthesize
-    from medclaw.synth.zoom import ZoomOptions
-
-    lengths = minutes if isinstance(minutes, (tuple, list)) else (minutes,)
-    videos = []
-    for k, seed in enumerate(seeds):
-        video = synthesize(root / f"orch-{seed}.mp4", minutes=lengths[k % len(lengths)], seed=seed,
-                           width=WIDTH, height=HEIGHT, fps=FPS, zoom=ZoomOptions.all(), progress=False)
-        videos.append((video, probe_video(str(video.path))))
-    return videos
-
-
-def question_cases(videos) -> list:
-    """A Case per small-object / look-alike question of `videos`, with an ideal verifier."""
-    from medclaw.models.orchestrator_data import KINDS, Case
-
-    cases = []
-    for video, info in videos:
-        for q in video.gt.zoom["qa"]:
-            if q["kind"] in KINDS:
-                cases.append(Case(str(video.path), info, video.gt, q["kind"], q["question"],
-                                  float(q["evidence_times_s"][0]), tuple(round(b, 2) for b in q["box"])))
-    return cases
-
-
 _TIME_RE = re.compile(r"\d+(?:\.\d+)? s\b")
 
 
@@ -125,7 +86,7 @@ def training_cases(videos, count: int, rng) -> list:
     """`count` cases drawn per CASE_MIX (see the module docstring, 1)."""
     from dataclasses import replace
 
-    from medclaw.models.orchestrator_data import EMPTY, IDEAL, NAMES, NOTHING
+    from medclaw.models.orchestrator_data import EMPTY, IDEAL, NAMES, NOTHING, question_cases
 
     base = question_cases(videos)
     kinds = list(CASE_MIX)
@@ -150,42 +111,6 @@ def training_cases(videos, count: int, rng) -> list:
             replies = [IDEAL]
         cases.append(replace(case, replies=replies))
     return cases
-
-
-async def play_all(cases, root: Path, student=None, kb_types=None, kb_share: float = 0.0,
-                   rng=None) -> list:
-    """Play every case (concurrently, on one shared frame source); `kb_share` of them with
-    `kb_types` as the search tool's enum."""
-    from medclaw.kernels.frames import FrameSource
-    from medclaw.models.orchestrator_data import play
-
-    specs = _specs(root)
-    frames = FrameSource()
-    limit = asyncio.Semaphore(8 if student is None else 1)
-
-    async def one(case):
-        drawn = kb_share >= 1.0 or (rng is not None and rng.uniform() < kb_share)
-        kb = kb_types if drawn else None
-        async with limit:
-            return await play(case, specs, str(root / "traces"), student=student, frames=frames,
-                              kb_types=kb)
-
-    try:
-        return list(await asyncio.gather(*(one(c) for c in cases)))
-    finally:
-        close = getattr(frames, "close", None)
-        if close is not None:
-            close()
-
-
-def shipped_kb_types() -> list[str]:
-    """The passage types of the shipped knowledge base (`medclaw demo` builds it): the search
-    tool's enum, hence the system prompt, when a runtime has that KB."""
-    from medclaw.kb.build import shipped_corpus_dir
-    from medclaw.kb.passages import read_corpus
-
-    passages, _ = read_corpus(shipped_corpus_dir())
-    return sorted({p.type for p in passages})
 
 
 # ----------------------------------------------------------------------------- tokens, model
@@ -354,6 +279,8 @@ def score(episodes, specs: list[dict]) -> dict:
 
 
 def held_out_cases(root: Path) -> list:
+    from medclaw.models.orchestrator_data import question_cases, render_videos
+
     return question_cases(render_videos(root, EVAL_SEEDS, EVAL_MINUTES))
 
 
@@ -361,6 +288,7 @@ async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict
     """Let the saved model drive the real episode loop (transformers backend, constrained to
     the compact JSON vLLM's grammar writes)."""
     from medclaw.engine.backends.hf import TransformersBackend
+    from medclaw.models.orchestrator_data import play_all
     from medclaw.models.spec import ModelSpec
     from medclaw.tools.registry import default_registry
 
@@ -384,6 +312,8 @@ def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: boo
     `evaluate_kb` also scores the system prompt of a runtime with the shipped KB."""
     import numpy as np
     import torch
+
+    from medclaw.models.orchestrator_data import play_all, render_videos, shipped_kb_types
 
     out = Path(out_dir)
     started = time.monotonic()

@@ -37,11 +37,11 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cases(root):
     """The zoom questions of one held-out video (ideal verifier)."""
-    return T.question_cases(T.render_videos(root, (5000,), 0.5))
+    return D.question_cases(D.render_videos(root, (5000,), 0.5))
 
 
 def _play(cases, root, **kw):
-    return asyncio.run(T.play_all(cases, root, **kw))
+    return asyncio.run(D.play_all(cases, root, **kw))
 
 
 def _args(reply: str) -> dict:
