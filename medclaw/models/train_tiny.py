@@ -292,25 +292,50 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
 
 
 class _Background:
-    """One function running in a spawned process (a fresh interpreter: no forked torch state)."""
+    """One function running in a spawned process (a fresh interpreter: no forked torch state).
+    Its value or exception comes back through a pipe; a process that dies without sending one
+    (killed, out of memory) is an error, never a wait without end."""
 
     def __init__(self, fn, *args, **kwargs):
         import multiprocessing
 
-        self._pool = multiprocessing.get_context("spawn").Pool(1)
-        self._pending = self._pool.apply_async(fn, args, kwargs)
+        context = multiprocessing.get_context("spawn")
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(target=_run_and_send, args=(send, fn, args, kwargs),
+                                        daemon=True)
+        self._process.start()
+        send.close()                  # the child holds the only sending end: EOF when it dies
 
     def result(self):
         """Wait for the function's return value; its exception is raised here."""
-        return self._pending.get()
+        try:
+            ok, value = self._receive.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(f"the background training process died (exit code "
+                               f"{self._process.exitcode}) before it returned") from None
+        if not ok:
+            raise value
+        return value
 
     def stop(self) -> None:
         """Kill the process if it is still working (the VLM failed or ^C), else let it exit."""
-        if self._pending.ready():
-            self._pool.close()
-        else:
-            self._pool.terminate()
-        self._pool.join()
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+        self._receive.close()
+
+
+def _run_and_send(send, fn, args, kwargs) -> None:
+    """In the child: (True, value) or (False, exception) down the pipe."""
+    try:
+        outcome = (True, fn(*args, **kwargs))
+    except BaseException as error:                     # noqa: BLE001 — it is re-raised by the parent
+        outcome = (False, error)
+    try:
+        send.send(outcome)
+    except Exception as error:                         # an unpicklable value or exception
+        send.send((False, RuntimeError(f"background result could not be sent back: {error!r}")))
 
 
 def _start_orchestrator(out: Path, seed: int, progress: bool) -> _Background:

@@ -205,8 +205,10 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
 
 def test_background_returns_raises_and_stops():
     """The orchestrator's spawned process (train_tiny._Background): its value comes back, its
-    exception is raised in the caller, and stop() ends a run that is still working."""
+    exception is raised in the caller, stop() ends a run that is still working, and a process
+    that dies raises instead of leaving the caller waiting."""
     import json
+    import os
 
     job = T._Background(json.dumps, obj={"a": [1, 2]})
     assert json.loads(job.result()) == {"a": [1, 2]}
@@ -220,6 +222,10 @@ def test_background_returns_raises_and_stops():
     time.sleep(0.5)
     job.stop()
     assert time.monotonic() - started < 30
+    job = T._Background(os._exit, 3)            # dies without a word: an error, not a hang
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        job.result()
+    job.stop()
 
 
 def test_targets_need_every_kind_on_the_region():
