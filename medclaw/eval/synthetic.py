@@ -18,6 +18,7 @@ With `zoom=True` the videos also carry the zoom content (`synth.zoom`: small obj
 told apart by a small mark, short flashes) and its questions join the families:
 
     small_object (VPR)   which small object lies in the field at t; window = t ± ZOOM_WINDOW_S
+                         (choices also hold "needle driver": see `_with_longer_names`)
     look_alike   (VPR)   dissector or bipolar (the marked one) at t; window = t ± ZOOM_WINDOW_S
     short_event  (VTR)   which instrument came in just after a cautery flash; window = flash to
                          that arrival
@@ -121,12 +122,23 @@ def _phase_content(gt: GroundTruth, rng) -> list[dict]:
                  choices=[_label(n) for n in INSTRUMENT_NAMES])]
 
 
+def _with_longer_names(choices: list[str]) -> list[str]:
+    """`choices` plus every other name drawn on these videos that contains one of them as whole
+    words ("needle driver" for "needle"): the label scorer counts an answer right only when no
+    other choice is named, so an answer saying "needle driver" no longer reads as "needle"."""
+    from medclaw.eval.scorers import names
+    from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
+
+    every = [_label(n) for n in (*INSTRUMENT_NAMES, *SMALL_OBJECTS, *LOOK_ALIKES)]
+    return choices + [n for n in every if n not in choices and any(names(n, c) for c in choices)]
+
+
 def _zoom(gt: GroundTruth) -> list[list[dict]]:
     """The zoom questions of `gt` (`synth.zoom`), one list per family."""
     from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
-    choices = {"small_object": [_label(n) for n in SMALL_OBJECTS],
-               "look_alike": [_label(n) for n in LOOK_ALIKES],
+    choices = {"small_object": _with_longer_names([_label(n) for n in SMALL_OBJECTS]),
+               "look_alike": _with_longer_names([_label(n) for n in LOOK_ALIKES]),
                "short_event": [_label(n) for n in INSTRUMENT_NAMES]}
     families: dict[str, list[dict]] = {kind: [] for kind in ZOOM_QUESTIONS}
     for q in (gt.zoom or {}).get("qa", []):

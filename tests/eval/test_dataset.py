@@ -124,6 +124,22 @@ def test_zoom_set_asks_what_the_ground_truth_drew(tmp_path):
         assert r.gold_window_s == (round(t - ZOOM_WINDOW_S, 2), round(t + ZOOM_WINDOW_S, 2))
 
 
+def test_a_longer_name_is_not_read_as_the_small_object(tmp_path):
+    """A description naming the needle driver (an instrument) does not answer "needle"; one
+    naming the needle alone does. Scored with the set's own choices, as `medclaw eval` does."""
+    from medclaw.eval.scorers import exact_scores
+    from medclaw.eval.synthetic import make_synthetic
+
+    path = make_synthetic(tmp_path / "set", videos=2, minutes=0.5, seed=5000, zoom=True,
+                          families=("small_object",))
+    records, _ = read_dataset(path)
+    record = next(r for r in records if r.gold_value == "needle")
+    assert "needle driver" in record.choices
+    wrong = "phase: suturing\ninstruments: needle driver\nsmall object: none"
+    assert exact_scores(record, wrong, [])["match"] == 0.0
+    assert exact_scores(record, "small object: needle", [])["match"] == 1.0
+
+
 def test_zoom_families_need_zoom(tmp_path):
     from medclaw.eval.synthetic import make_synthetic
 
