@@ -186,7 +186,7 @@ def test_cli_refuses_a_used_out_folder(tmp_path, capsys):
                     reason="retrains the miniature (CPU minutes); set MEDCLAW_RETRAIN=1")
 def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     """The README's recipe, end to end: the committed checkpoint's held-out scores come back
-    within noise (the targets themselves are not met yet: `targets_met` is false in both)."""
+    within noise (the orchestrator's target is not met yet: `targets_met` is false in both)."""
     import json
 
     committed = json.loads((T.COMMITTED / "train-report.json").read_text())
