@@ -39,7 +39,9 @@ What the experiments on this data showed (held-out region accuracy, 24 questions
 - This recipe (seed 0): at 400-800 steps (4 runs) small objects 0.75-0.83 from the region,
   look-alikes 0.75-1.0, the gauze tag (lime) read as the needle (white); at 1200 steps 1.00 and
   1.00, at 1600 0.92 and 1.00 (whole frame 0.00-0.04 and 0.13-0.29). STEPS is 1200: the VLM
-  still finishes well before the orchestrator it trains beside. With one-shot
+  still finishes well before the orchestrator it trains beside. Other seeds at 1200 steps: seed
+  2 the same 1.00 and 1.00, seed 1 collapsed (0.29 and 0.50; at LR 1.5e-3 it gave 0.75 and
+  1.00), so training is not yet reliable across seeds. With one-shot
   requests in the mix (8 runs: 10 % throughout, or 25 % in a last quarter with the vision tower
   frozen; also with a green gauze tag, rates of 1e-3, a tighter small-object box) one kind fell
   to a constant reply or below 0.6 in 6 runs. Same seed, same machine: the same scores.
