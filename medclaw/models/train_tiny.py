@@ -1,6 +1,8 @@
 """`medclaw models train-tiny OUT [--seed S]`: train the miniature (`tiny-trained` profile).
 
     train_tiny(out_dir, seed=0, steps=STEPS, progress=True) -> TrainReport
+    train_tiny(out_dir, seed, steps, lr=R, orchestrator=False)   the VLM alone, at rate R
+                                                                 (benchmarks/tiny_vlm_seeds.py)
 
 1. Builds a tiny Qwen2.5-VL (the `models.tiny` architecture) whose byte-level BPE is trained on the
    tools' own prompts and the description vocabulary (`train_data.corpus`), so prompts and targets
@@ -235,7 +237,10 @@ def evaluate(model, processor, videos, budget=_Budget()) -> tuple[dict, dict]:
 
 
 def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True,
-               command: str = "") -> TrainReport:
+               command: str = "", lr: float | None = None, orchestrator: bool = True) -> TrainReport:
+    """Train (module doc) into `out_dir`. `lr`, when given, is the rate of the whole VLM (else
+    VISION_LR for the vision tower, LR for the rest); `orchestrator=False` trains the VLM alone
+    (no OUT/llm, `targets_met` false)."""
     import numpy as np
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
@@ -251,7 +256,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                          eval_seeds=list(EVAL_SEEDS), scope=SCOPE)
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
-    orchestrator = _start_orchestrator(out / "llm", seed, progress)
+    background = _start_orchestrator(out / "llm", seed, progress) if orchestrator else None
     try:
         with tempfile.TemporaryDirectory(prefix="medclaw-train-") as tmp:
             base = Path(tmp) / "base"
@@ -261,9 +266,9 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             train = render(tmp, TRAIN_SEEDS, TRAIN_MINUTES)
             held_out = render(tmp, EVAL_SEEDS, EVAL_MINUTES)
             groups = [{"params": [p for n, p in model.named_parameters() if ".visual." in f".{n}"],
-                       "lr": VISION_LR},
+                       "lr": lr or VISION_LR},
                       {"params": [p for n, p in model.named_parameters() if ".visual." not in f".{n}"],
-                       "lr": LR}]
+                       "lr": lr or LR}]
 
             def step_loss(model, step):
                 batch = _encode(processor, [random_sample(train, _Budget(), rng, ONESHOT_SHARE)
@@ -283,12 +288,13 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             # score what was saved (bf16), in float32 like a CPU engine computes
             saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32).eval()
             report.accuracy, report.counts = evaluate(saved, processor, held_out)
-        report.orchestrator = orchestrator.result()
+        report.orchestrator = background.result() if background else {}
     finally:
         torch.set_num_threads(threads)
-        orchestrator.stop()
-    report.targets_met = (meets_targets(report.accuracy) and report.orchestrator["held_out"]
-                          ["action_accuracy"] >= ORCHESTRATOR_TARGET)
+        if background:
+            background.stop()
+    report.targets_met = (meets_targets(report.accuracy) and bool(report.orchestrator) and
+                          report.orchestrator["held_out"]["action_accuracy"] >= ORCHESTRATOR_TARGET)
     report.wall_s = round(time.monotonic() - started, 1)
     (out / "train-report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     write_manifest(out)

@@ -43,3 +43,18 @@ def test_the_profile_serves_the_budgets_it_trained_at():
     budget = T._Budget()
     for name in budget.__slots__:
         assert getattr(vlm, name) == getattr(budget, name), name
+
+
+def test_the_seed_benchmark_ran_the_committed_recipe():
+    """benchmarks/results/cpu-2core-tiny-vlm-seeds.json (the README's seed spread) was made with
+    this recipe: its seed-0 VLM scored exactly what the committed checkpoint's report says."""
+    from pathlib import Path
+
+    path = Path(T.__file__).resolve().parents[2] / "benchmarks/results/cpu-2core-tiny-vlm-seeds.json"
+    seeds = json.loads(path.read_text())
+    report = _report()
+    assert seeds["recipe"]["steps"] == report["steps"] == T.STEPS
+    assert seeds["eval_seeds"] == report["eval_seeds"]
+    seed0 = next(run for run in seeds["runs"] if run["seed"] == report["seed"])
+    assert seed0["accuracy"] == report["accuracy"]
+    assert seed0["loss_last"] == report["loss_last"]
