@@ -266,9 +266,7 @@ async def play_all(cases, root: Path, student=None, kb_types=None, kb_share: flo
     try:
         return list(await asyncio.gather(*(one(c) for c in cases)))
     finally:
-        close = getattr(frames, "close", None)
-        if close is not None:
-            close()
+        frames.close()
 
 
 def shipped_kb_types() -> list[str]:

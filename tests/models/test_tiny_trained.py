@@ -50,7 +50,7 @@ def test_the_seed_benchmark_ran_the_committed_recipe():
     this recipe: its seed-0 VLM scored exactly what the committed checkpoint's report says."""
     from pathlib import Path
 
-    path = Path(T.__file__).resolve().parents[2] / "benchmarks/results/cpu-2core-tiny-vlm-seeds.json"
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu-2core-tiny-vlm-seeds.json"
     seeds = json.loads(path.read_text())
     report = _report()
     assert seeds["recipe"]["steps"] == report["steps"] == T.STEPS
