@@ -55,8 +55,9 @@ import tempfile
 import time
 from pathlib import Path
 
-STEPS = 600
+STEPS = 800
 BATCH = 16                # short sequences per step; full ones (system turn) are half as many
+SHORT_WITH_FULL = 8       # short sequences beside the full ones, after the short-only steps
 LR = 3e-3
 SHORT_FIRST = 0.3         # fraction of the steps on short sequences only
 VOCAB_SIZE = 2048
@@ -65,7 +66,7 @@ SIZES = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_at
              max_window_layers=2)
 TRAIN_SEEDS = tuple(range(1000, 1016))
 TRAIN_MINUTES = (0.2, 0.5, 1.0, 2.0)          # cycled over TRAIN_SEEDS
-EVAL_SEEDS = tuple(range(5000, 5006))
+EVAL_SEEDS = tuple(range(5000, 5012))     # the VLM's held-out videos (train_tiny.EVAL_SEEDS): 48 episodes
 EVAL_MINUTES = 0.5
 EPISODES = 640                                # expert episodes played for training
 # Which case each training episode is (orchestrator_data.Case.replies); the rest: the question's
@@ -211,20 +212,59 @@ def _by_prefix(data, end_id: int) -> dict:
     return groups
 
 
-def prefix_loss(model, prefix: tuple, rows: list, pad_id: int):
+def prefix_loss(model, prefix: tuple, rows: list, pad_id: int, chunks: int = 2):
     """Mean cross-entropy over the reply tokens of `rows`, all after the same `prefix`, whose
     keys and values are computed once (batch 1) and shared by the batch: the system turn is
-    most of every sequence, and this is what makes a step cheap. Gradients flow through it."""
+    most of every sequence, and this is what makes a step cheap. Gradients flow through it.
+    The rows go in `chunks` batches of similar length (`short_loss`)."""
+    import torch
+    from transformers import DynamicCache
+
+    shared = model.model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
+    layers = [(layer.keys, layer.values) for layer in shared.layers]           # (1, H, P, D)
+    total, count = 0.0, 0
+    for part in _by_length(rows, chunks):
+        cache = DynamicCache([(k.expand(len(part), -1, -1, -1), v.expand(len(part), -1, -1, -1))
+                              for k, v in layers])
+        ids, mask, labels = _batch(part, pad_id)                                   # (B, S)
+        full_mask = torch.cat([torch.ones((len(part), len(prefix)), dtype=mask.dtype), mask], 1)
+        hidden = model.model(input_ids=ids, attention_mask=full_mask,
+                             past_key_values=cache).last_hidden_state
+        part_sum, n = reply_loss_sum(model, hidden, labels)
+        total, count = total + part_sum, count + n
+    return total / count
+
+
+def short_loss(model, rows: list, pad_id: int, chunks: int = 4):
+    """Mean cross-entropy over the reply tokens of `rows` (whole sequences): the value of
+    transformers' own loss on one padded batch, computed on `chunks` batches of rows of similar
+    length, so less of the work is padding (the rows' lengths vary by half)."""
+    total, count = 0.0, 0
+    for part in _by_length(rows, chunks):
+        ids, mask, labels = _batch(part, pad_id)
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        part_sum, n = reply_loss_sum(model, hidden, labels)
+        total, count = total + part_sum, count + n
+    return total / count
+
+
+def _by_length(rows: list, chunks: int) -> list[list]:
+    """`rows` sorted by length, cut into `chunks` runs of (nearly) equal size."""
+    rows = sorted(rows, key=lambda r: len(r[0]))
+    size = -(-len(rows) // chunks)
+    return [rows[k:k + size] for k in range(0, len(rows), size)]
+
+
+def reply_loss_sum(model, hidden, labels):
+    """(summed cross-entropy, token count) over the labelled tokens: the LM head runs on those
+    positions only (about a third of a sequence), not on the prompt's."""
     import torch
 
-    out = model(input_ids=torch.tensor([prefix]), use_cache=True)                 # (1, P, V)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(len(rows))
-    ids, mask, labels = _batch(rows, pad_id)                                       # (B, S)
-    full_mask = torch.cat([torch.ones((len(rows), len(prefix)), dtype=mask.dtype), mask], 1)
-    logits = model(input_ids=ids, attention_mask=full_mask, past_key_values=cache).logits
-    return torch.nn.functional.cross_entropy(                                      # (B, S, V)
-        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+    target = labels[:, 1:]                                                         # (B, S-1)
+    keep = target != -100
+    logits = model.lm_head(hidden[:, :-1][keep])                                   # (N, V)
+    total = torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
+    return total, int(keep.sum())
 
 
 def _batch(items, pad_id: int):
@@ -382,7 +422,8 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
     short = [encode_episode(tokenizer, without_system(ep)) for ep in played]
     groups = _by_prefix(data, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     keys = sorted(groups)
-    report: dict = {"steps": steps, "batch": batch, "lr": lr, "sizes": sizes,
+    report: dict = {"steps": steps, "batch": batch, "short_with_full": SHORT_WITH_FULL, "lr": lr,
+                    "sizes": sizes,
                     "vocab_size": len(tokenizer),
                     "prompt_tokens": {"system": sorted({len(k) for k in keys}),
                                       "sequence_max": max(len(s) for s, _ in data),
@@ -391,10 +432,10 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
     def step_loss(model, step):
         # Curriculum (module doc, 3): the copy is learnt first without the long system turn,
         # then on the real prompts, with short sequences still in the mix.
-        short_rows = [short[int(i)] for i in rng.integers(len(short), size=batch)]
-        ids, mask, labels = _batch(short_rows, tokenizer.pad_token_id)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        if step >= steps * SHORT_FIRST:
+        with_full = step >= steps * SHORT_FIRST
+        picks = rng.integers(len(short), size=SHORT_WITH_FULL if with_full else batch)
+        loss = short_loss(model, [short[int(i)] for i in picks], tokenizer.pad_token_id)
+        if with_full:
             prefix = keys[int(rng.integers(len(keys)))]
             rows = groups[prefix]
             picks = rng.integers(len(rows), size=max(1, batch // 2))

@@ -132,6 +132,44 @@ def test_same_action_tolerances():
     assert not T.same_action("not json", final, specs)
 
 
+def test_the_fast_losses_equal_transformers_own_loss():
+    """`prefix_loss` (system turn computed once, shared) and `short_loss` (rows in chunks of
+    similar length), both with the LM head on labelled tokens only, are the plain padded-batch
+    loss of transformers on the whole sequences; so are their gradients."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, max_position_embeddings=256, **SMALL))
+    rng = np.random.default_rng(0)
+    prefix = tuple(int(x) for x in rng.integers(1, 64, size=40))
+    rows = []
+    for length in (7, 19, 12, 30, 5):                  # suffixes of unequal length
+        ids = [int(x) for x in rng.integers(1, 64, size=length)]
+        labels = [-100] * 2 + ids[2:]                     # a reply after a short user turn
+        rows.append((ids, labels))
+    whole = [(list(prefix) + ids, [-100] * len(prefix) + labels) for ids, labels in rows]
+
+    def plain():
+        ids, mask, labels = T._batch(whole, 0)
+        return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    reference = plain()
+    want = grads(reference)
+    for fast in (lambda: T.prefix_loss(model, prefix, rows, 0, chunks=1),
+                 lambda: T.prefix_loss(model, prefix, rows, 0, chunks=2),
+                 lambda: T.short_loss(model, whole, 0, chunks=2),
+                 lambda: T.short_loss(model, whole, 0, chunks=5)):
+        loss = fast()
+        assert torch.allclose(loss, reference, rtol=1e-5, atol=1e-6)
+        assert all(torch.allclose(g, w, rtol=1e-3, atol=1e-6) for g, w in zip(grads(loss), want))
+
+
 def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     """Two episodes (one per kind) learnt by heart, replayed by vLLM with constrained decoding."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
