@@ -35,6 +35,18 @@ def test_report_names_the_command_and_shows_the_zoom_gain():
                                      >= T.ORCHESTRATOR_TARGET)
 
 
+def test_the_committed_orchestrator_is_this_recipes():
+    """Its report names the recipe in the code (a recipe change without a retrain fails here),
+    scored on the VLM's held-out videos."""
+    from medclaw.models import train_orchestrator as O
+
+    orchestrator = _report()["orchestrator"]
+    assert orchestrator["steps"] == O.STEPS and orchestrator["lr"] == O.LR
+    assert orchestrator["batch"] == O.BATCH and orchestrator["short_with_full"] == O.SHORT_WITH_FULL
+    assert orchestrator["eval_seeds"] == list(O.EVAL_SEEDS) == _report()["eval_seeds"]
+    assert orchestrator["held_out"]["episodes"] == 4 * len(O.EVAL_SEEDS)   # 2 questions per kind
+
+
 def test_the_profile_serves_the_budgets_it_trained_at():
     specs = load_models(profile="tiny-trained")
     vlm = specs["frame_verifier"]
