@@ -163,6 +163,7 @@ def test_the_fast_losses_equal_transformers_own_loss():
     want = grads(reference)
     for fast in (lambda: T.prefix_loss(model, prefix, rows, 0, chunks=1),
                  lambda: T.prefix_loss(model, prefix, rows, 0, chunks=2),
+                 lambda: T.short_loss(model, whole, 0),
                  lambda: T.short_loss(model, whole, 0, chunks=2),
                  lambda: T.short_loss(model, whole, 0, chunks=5)):
         loss = fast()
