@@ -226,31 +226,30 @@ def prefix_loss(model, prefix: tuple, rows: list, pad_id: int, chunks: int = 2):
     most of every sequence, and this is what makes a step cheap. Gradients flow through it.
     The rows go in `chunks` batches of similar length (`short_loss`)."""
     import torch
-    from transformers import DynamicCache
 
     shared = model.model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
-    layers = [(layer.keys, layer.values) for layer in shared.layers]           # (1, H, P, D)
+    return short_loss(model, rows, pad_id, chunks,
+                      prefix_kv=[(layer.keys, layer.values) for layer in shared.layers])
+
+
+def short_loss(model, rows: list, pad_id: int, chunks: int = 4, prefix_kv=None):
+    """Mean cross-entropy over the reply tokens of `rows` (whole sequences, or the rest after
+    `prefix_kv`, each layer's (keys, values) of batch 1): the value of transformers' own loss
+    on one padded batch, computed on `chunks` batches of rows of similar length, so less of the
+    work is padding (the rows' lengths vary by half)."""
+    import torch
+    from transformers import DynamicCache
+
     total, count = 0.0, 0
     for part in _by_length(rows, chunks):
-        cache = DynamicCache([(k.expand(len(part), -1, -1, -1), v.expand(len(part), -1, -1, -1))
-                              for k, v in layers])
         ids, mask, labels = _batch(part, pad_id)                                   # (B, S)
-        full_mask = torch.cat([torch.ones((len(part), len(prefix)), dtype=mask.dtype), mask], 1)
-        hidden = model.model(input_ids=ids, attention_mask=full_mask,
-                             past_key_values=cache).last_hidden_state
-        part_sum, n = reply_loss_sum(model, hidden, labels)
-        total, count = total + part_sum, count + n
-    return total / count
-
-
-def short_loss(model, rows: list, pad_id: int, chunks: int = 4):
-    """Mean cross-entropy over the reply tokens of `rows` (whole sequences): the value of
-    transformers' own loss on one padded batch, computed on `chunks` batches of rows of similar
-    length, so less of the work is padding (the rows' lengths vary by half)."""
-    total, count = 0.0, 0
-    for part in _by_length(rows, chunks):
-        ids, mask, labels = _batch(part, pad_id)
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        cache = None
+        if prefix_kv:                  # each batch reads the shared prefix, expanded (no copy)
+            cache = DynamicCache([(k.expand(len(part), -1, -1, -1), v.expand(len(part), -1, -1, -1))
+                                  for k, v in prefix_kv])                          # (B, H, P, D)
+            ones = torch.ones((len(part), prefix_kv[0][0].shape[2]), dtype=mask.dtype)
+            mask = torch.cat([ones, mask], 1)
+        hidden = model.model(input_ids=ids, attention_mask=mask, past_key_values=cache).last_hidden_state
         part_sum, n = reply_loss_sum(model, hidden, labels)
         total, count = total + part_sum, count + n
     return total / count
