@@ -35,11 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
-    from transformers import AutoTokenizer
 
     from medclaw.models import train_orchestrator as T
     from medclaw.models.orchestrator_data import play_all, render_videos, shipped_kb_types
-    from medclaw.requests.conversation import message_text
 
     torch.set_num_threads(T.THREADS)
     rng = np.random.default_rng(0)
@@ -48,14 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         videos = render_videos(root, T.TRAIN_SEEDS[:args.videos], T.TRAIN_MINUTES)
         cases = T.training_cases(videos, 16 * args.videos, rng)
         played = asyncio.run(play_all(cases, root, kb_types=shipped_kb_types(), kb_share=T.KB_SHARE, rng=rng))
-        texts = [message_text(m) for ep in played for m in ep.requests[-1].messages]
-        texts += [r for ep in played for r in ep.replies]
-        model = T.write_base(root / "model", T.build_tokenizer(texts), 0)
-        tokenizer = AutoTokenizer.from_pretrained(root / "model")
+        model, tokenizer, data, short = T.build_rows(root / "model", played, 0)
     pad = tokenizer.pad_token_id
-    short = [T.encode_episode(tokenizer, T.without_system(ep)) for ep in played]
-    groups = T._by_prefix([T.encode_episode(tokenizer, ep) for ep in played],
-                          tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    groups = T._by_prefix(data, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     keys = sorted(groups)
     model.train()
 

@@ -406,27 +406,36 @@ def fit(out: Path, played: list, *, seed: int = 0, steps: int = STEPS, batch: in
         torch.set_num_threads(threads)
 
 
+def build_rows(out, played: list, seed: int, sizes: dict = SIZES):
+    """The untrained model in `out` (its tokenizer trained on the texts of `played`) and its
+    training rows, as (input ids, labels): (model, tokenizer, full rows, short rows)."""
+    from transformers import AutoTokenizer
+
+    from medclaw.requests.conversation import message_text
+
+    texts = []
+    for ep in played:
+        texts += [message_text(m) for m in ep.requests[-1].messages] + ep.replies
+    model = write_base(Path(out), build_tokenizer(texts), seed, sizes)
+    tokenizer = AutoTokenizer.from_pretrained(out)     # what vLLM and the engine load
+    data = [encode_episode(tokenizer, ep) for ep in played]
+    short = [encode_episode(tokenizer, without_system(ep)) for ep in played]
+    return model, tokenizer, data, short
+
+
 def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line) -> dict:
     import numpy as np
-    from transformers import AutoTokenizer
 
     from medclaw.models.tiny import _write_weights
     from medclaw.models.train_tiny import fit_steps
-    from medclaw.requests.conversation import message_text
 
     started = time.monotonic()
     rng = rng if rng is not None else np.random.default_rng(seed)
     bad = [ep for ep in played if ep.status != "answered"]
     if bad:
         raise RuntimeError(f"{len(bad)} expert episodes did not end in an answer: {bad[0].status}")
-    texts = []
-    for ep in played:
-        texts += [message_text(m) for m in ep.requests[-1].messages] + ep.replies
     sizes = dict(SIZES, **(sizes or {}))
-    model = write_base(Path(out), build_tokenizer(texts), seed, sizes)
-    tokenizer = AutoTokenizer.from_pretrained(out)     # what vLLM and the engine load
-    data = [encode_episode(tokenizer, ep) for ep in played]
-    short = [encode_episode(tokenizer, without_system(ep)) for ep in played]
+    model, tokenizer, data, short = build_rows(out, played, seed, sizes)
     groups = _by_prefix(data, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     keys = sorted(groups)
     report: dict = {"steps": steps, "batch": batch, "short_with_full": SHORT_WITH_FULL, "lr": lr,
