@@ -1,6 +1,8 @@
 """Per-kind breakdown of a `benchmarks/tiny_trained_table.sh` run, with the spread between the two
 halves of the held-out videos (videos 0-5 and 6-11): exact accuracy, evidence-window IoU and the
-judge's four dimensions per mode and question kind, as JSON on stdout.
+judge's four dimensions per mode and question kind, as JSON on stdout. `blind_guess` gives, per
+kind, the best exact accuracy a constant answer could reach on the set (the most frequent gold
+answer): the floor a mode must clear to have seen anything.
 
     python benchmarks/table3_breakdown.py artifacts/table3/run > benchmarks/results/cpu-2core-tiny-trained-table3.json
 """
@@ -35,7 +37,18 @@ def breakdown(run_dir: Path) -> dict:
                            "judge": {d: _mean([r["judge"][d] for r in mine]) for d in DIMENSIONS},
                            "answered": sum(r["status"] == "answered" for r in mine)}
         out["modes"][results.parent.name] = table
+        out["blind_guess"] = blind_guess(rows)      # every mode answers the same questions
     return out
+
+
+def blind_guess(rows: list[dict]) -> dict:
+    """Per kind: the most frequent gold answer and the exact accuracy of always giving it."""
+    guess = {}
+    for kind in sorted({r["subtype"] for r in rows}):
+        golds = [r["gold"].strip().lower() for r in rows if r["subtype"] == kind]
+        best = max(sorted(set(golds)), key=golds.count)
+        guess[kind] = {"answer": best, "exact": _mean([g == best for g in golds])}
+    return guess
 
 
 if __name__ == "__main__":
