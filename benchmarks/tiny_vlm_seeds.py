@@ -2,7 +2,7 @@
 trained alone (`train_tiny(..., orchestrator=False)`) for several seeds, each scored on the
 held-out seeds as train-tiny scores it (whole frame, region, one-shot request). JSON on stdout.
 
-    python benchmarks/tiny_vlm_seeds.py --seeds 0 1 2 [--steps 1200] [--lr 1.5e-3] [--jobs 2]
+    python benchmarks/tiny_vlm_seeds.py --seeds 0 1 2 3 4 [--steps 2400] [--lr 1.5e-3] [--jobs 2]
         > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
 
 Each run is a spawned process on one thread (`train_tiny.THREADS`), `--jobs` at a time (one per

@@ -59,14 +59,19 @@ def test_the_profile_serves_the_budgets_it_trained_at():
 
 def test_the_seed_benchmark_ran_the_committed_recipe():
     """benchmarks/results/cpu-2core-tiny-vlm-seeds.json (the README's seed spread) was made with
-    this recipe: its seed-0 VLM scored exactly what the committed checkpoint's report says."""
+    this recipe: its seed-0 VLM scored exactly what the committed checkpoint's report says, and
+    every seed in it read both kinds from the region as well as the targets ask."""
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu-2core-tiny-vlm-seeds.json"
     seeds = json.loads(path.read_text())
     report = _report()
     assert seeds["recipe"]["steps"] == report["steps"] == T.STEPS
+    assert seeds["recipe"]["lr"] == report["lr"] == report["vision_lr"] == T.LR == T.VISION_LR
     assert seeds["eval_seeds"] == report["eval_seeds"]
     seed0 = next(run for run in seeds["runs"] if run["seed"] == report["seed"])
     assert seed0["accuracy"] == report["accuracy"]
     assert seed0["loss_last"] == report["loss_last"]
+    assert len(seeds["runs"]) >= 5
+    for run in seeds["runs"]:
+        assert T.meets_targets(run["accuracy"]), run
