@@ -25,7 +25,7 @@ help:
 	@echo "make test     - run the test suite on the real CPU engines (installs first)"
 	@echo "make bench    - decode, kv and e2e benchmarks, JSON (and a decode chart) into artifacts/"
 	@echo "make install  - create .venv with the verified CPU stack (idempotent)"
-	@echo "make test-retrain - retrain the miniature (CPU, about 17 min) and check the committed scores"
+	@echo "make test-retrain - retrain the miniature (CPU, about 20 min) and check the committed scores"
 
 install: system-deps $(STAMP)
 

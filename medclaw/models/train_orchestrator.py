@@ -48,8 +48,9 @@ digit alone is the likely weak spot. The copy improved with steps on the real sy
 (0.375 after 250, 0.79 after 420, 0.83-0.92 after 560). Tried at 600 steps, not better: 3
 layers (0.46 of 24 episodes), RoPE theta 1e4 (0.77 of 48), times redrawn inside each visit
 for the ideal cases (0.50 of 24; held-out visits sit where training ones do).
-It takes ~17 minutes on one thread of a 2-core machine (report `wall_s`), the longer of the two
-runs `train-tiny` overlaps (the VLM's takes ~7).
+It takes ~20 minutes on one thread of a 2-core machine (report `wall_s`), the longer of the two
+runs `train-tiny` overlaps: the VLM's takes ~11 alone, but on the other core the whole time it
+costs this one memory bandwidth (17 minutes beside an earlier 7-minute VLM recipe).
 
 Deterministic in `seed` on one machine (data draws, init); scores reproduce within noise across
 machines. The expert, its cases, the videos and the playing of episodes live in
