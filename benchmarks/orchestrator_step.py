@@ -3,7 +3,7 @@
 - plain: transformers' own loss on one padded batch of whole sequences (LM head everywhere);
 - shared: the system turn computed once and shared by the batch, one padded batch, LM head
   everywhere (what `train_orchestrator` did before the fast losses);
-- fast: the losses it trains with (`short_loss`, `prefix_loss`): the system turn shared, rows
+- fast: the losses it trains with (`rows_loss`, `prefix_loss`): the system turn shared, rows
   in batches of similar length, the LM head on reply tokens only.
 
 They run interleaved in one process, so whatever else the machine does hits them alike; the
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         suffixes = [groups[prefix][int(i)] for i in rng.integers(len(groups[prefix]), size=T.BATCH // 2)]
         full_rows = [(list(prefix) + s, [-100] * len(prefix) + l) for s, l in suffixes]
         ways = {"plain_short": lambda: plain(short_rows),
-                "fast_short": lambda: T.short_loss(model, short_rows, pad),
+                "fast_short": lambda: T.rows_loss(model, short_rows, pad),
                 "plain_full": lambda: plain(full_rows),
                 "shared_full": lambda: shared(prefix, suffixes),
                 "fast_full": lambda: T.prefix_loss(model, prefix, suffixes, pad)}

@@ -21,24 +21,30 @@ def _mean(values: list[float]) -> float | None:
 
 
 def breakdown(run_dir: Path) -> dict:
-    out: dict = {"run_dir": str(run_dir), "modes": {}}
-    for results in sorted(run_dir.glob("*/results.jsonl")):
-        rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-        table: dict = {}
-        for kind in sorted({r["subtype"] for r in rows}):
-            mine = [r for r in rows if r["subtype"] == kind]
-            halves = [[r for r in mine if (int(r["id"].split("-")[0][1:]) >= 6) == upper]
-                      for upper in (False, True)]
-            by_half = [_mean([r["exact"]["match"] for r in half]) for half in halves]
-            table[kind] = {"n": len(mine),
-                           "exact": _mean([r["exact"]["match"] for r in mine]),
-                           "tiou": _mean([r["exact"]["tiou"] for r in mine]),
-                           "exact_by_half": by_half,
-                           "judge": {d: _mean([r["judge"][d] for r in mine]) for d in DIMENSIONS},
-                           "answered": sum(r["status"] == "answered" for r in mine)}
-        out["modes"][results.parent.name] = table
-        out["blind_guess"] = blind_guess(rows)      # every mode answers the same questions
+    runs = {results.parent.name: [json.loads(line) for line in results.read_text().splitlines()
+                                  if line.strip()]
+            for results in sorted(run_dir.glob("*/results.jsonl"))}
+    out: dict = {"run_dir": str(run_dir), "modes": {mode: by_kind(rows) for mode, rows in runs.items()}}
+    if runs:                                   # every mode answers the same questions
+        out["blind_guess"] = blind_guess(next(iter(runs.values())))
     return out
+
+
+def by_kind(rows: list[dict]) -> dict:
+    """One mode's scores per question kind, overall and per half of the videos."""
+    table: dict = {}
+    for kind in sorted({r["subtype"] for r in rows}):
+        mine = [r for r in rows if r["subtype"] == kind]
+        halves = [[r for r in mine if (int(r["id"].split("-")[0][1:]) >= 6) == upper]
+                  for upper in (False, True)]
+        by_half = [_mean([r["exact"]["match"] for r in half]) for half in halves]
+        table[kind] = {"n": len(mine),
+                       "exact": _mean([r["exact"]["match"] for r in mine]),
+                       "tiou": _mean([r["exact"]["tiou"] for r in mine]),
+                       "exact_by_half": by_half,
+                       "judge": {d: _mean([r["judge"][d] for r in mine]) for d in DIMENSIONS},
+                       "answered": sum(r["status"] == "answered" for r in mine)}
+    return table
 
 
 def blind_guess(rows: list[dict]) -> dict:

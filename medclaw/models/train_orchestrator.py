@@ -21,7 +21,7 @@
    every earlier prompt + reply must be a token prefix of it, or training stops (the text would
    not be what an episode sends). The system turn (~1,200 tokens, the same for every episode of
    one tool list) is computed once per step and shared by the batch (`prefix_loss`); rows go
-   in batches of similar length and the LM head runs on reply tokens only (`short_loss`,
+   in batches of similar length and the LM head runs on reply tokens only (`rows_loss`,
    `reply_loss_sum`): the same loss and gradients as one padded batch (a test checks), at
    about 0.66 of its cost for the short rows and 0.83-0.88 of the shared system turn's single
    padded batch for the full ones (`benchmarks/orchestrator_step.py`).
@@ -227,15 +227,15 @@ def prefix_loss(model, prefix: tuple, rows: list, pad_id: int, chunks: int = 2):
     """Mean cross-entropy over the reply tokens of `rows`, all after the same `prefix`, whose
     keys and values are computed once (batch 1) and shared by the batch: the system turn is
     most of every sequence, and this is what makes a step cheap. Gradients flow through it.
-    The rows go in `chunks` batches of similar length (`short_loss`)."""
+    The rows go in `chunks` batches of similar length (`rows_loss`)."""
     import torch
 
     shared = model.model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
-    return short_loss(model, rows, pad_id, chunks,
+    return rows_loss(model, rows, pad_id, chunks,
                       prefix_kv=[(layer.keys, layer.values) for layer in shared.layers])
 
 
-def short_loss(model, rows: list, pad_id: int, chunks: int = 4, prefix_kv=None):
+def rows_loss(model, rows: list, pad_id: int, chunks: int = 4, prefix_kv=None):
     """Mean cross-entropy over the reply tokens of `rows` (whole sequences, or the rest after
     `prefix_kv`, each layer's (keys, values) of batch 1): the value of transformers' own loss
     on one padded batch, computed on `chunks` batches of rows of similar length, so less of the
@@ -453,7 +453,7 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
         # then on the real prompts, with short sequences still in the mix.
         with_full = step >= steps * SHORT_FIRST
         picks = rng.integers(len(short), size=SHORT_WITH_FULL if with_full else batch)
-        loss = short_loss(model, [short[int(i)] for i in picks], tokenizer.pad_token_id)
+        loss = rows_loss(model, [short[int(i)] for i in picks], tokenizer.pad_token_id)
         if with_full:
             prefix = keys[int(rng.integers(len(keys)))]
             rows = groups[prefix]

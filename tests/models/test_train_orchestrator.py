@@ -133,7 +133,7 @@ def test_same_action_tolerances():
 
 
 def test_the_fast_losses_equal_transformers_own_loss():
-    """`prefix_loss` (system turn computed once, shared) and `short_loss` (rows in chunks of
+    """`prefix_loss` (system turn computed once, shared) and `rows_loss` (rows in chunks of
     similar length), both with the LM head on labelled tokens only, are the plain padded-batch
     loss of transformers on the whole sequences; so are their gradients."""
     import torch
@@ -163,9 +163,9 @@ def test_the_fast_losses_equal_transformers_own_loss():
     want = grads(reference)
     for fast in (lambda: T.prefix_loss(model, prefix, rows, 0, chunks=1),
                  lambda: T.prefix_loss(model, prefix, rows, 0, chunks=2),
-                 lambda: T.short_loss(model, whole, 0),
-                 lambda: T.short_loss(model, whole, 0, chunks=2),
-                 lambda: T.short_loss(model, whole, 0, chunks=5)):
+                 lambda: T.rows_loss(model, whole, 0),
+                 lambda: T.rows_loss(model, whole, 0, chunks=2),
+                 lambda: T.rows_loss(model, whole, 0, chunks=5)):
         loss = fast()
         assert torch.allclose(loss, reference, rtol=1e-5, atol=1e-6)
         assert all(torch.allclose(g, w, rtol=1e-3, atol=1e-6) for g, w in zip(grads(loss), want))
