@@ -244,8 +244,9 @@ def _started(backend_class, spec, role: str):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from medclaw.config_file import DEFAULT_PROFILE
     from medclaw.engine.backends.vllm_local import VLLMBackend
-    from medclaw.models.registry import DEFAULT_PROFILE, load_models
+    from medclaw.models.registry import load_models
 
     specs = load_models(config_path=args.config, profile=args.profile)
     vlm_spec, llm_spec = specs["video_expert"], specs["orchestrator"]

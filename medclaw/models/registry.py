@@ -31,7 +31,7 @@ import json
 import os
 from pathlib import Path
 
-from medclaw.config_file import DEFAULT_PROFILE, read_config_file, read_yaml_mapping
+from medclaw.config_file import read_config_file, read_yaml_mapping
 from medclaw.config_file import profile_name as choose_profile
 from medclaw.errors import ConfigError, ModelNotFoundError
 from medclaw.models import store

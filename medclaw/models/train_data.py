@@ -241,6 +241,17 @@ def _alone(gt, item, rng) -> int:
     return _pick(rng, frames or [item["start_frame"]])
 
 
+def random_oneshot_sample(videos, spec, rng, table: dict | None = None) -> Sample:
+    """The one-shot baseline's request about a zoom visit, drawn balanced like the frame samples
+    (kind, then name, then visit) at a time when no other object of its kind is on screen."""
+    table = table or _objects(videos)
+    kind = _pick(rng, ("small", "look_alike"))
+    k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+    video, frames = videos[k]
+    t = round(_alone(video.gt, item, rng) / video.gt.fps, 1)
+    return oneshot_sample(video, frames, spec, "small_object" if kind == "small" else "look_alike", t)
+
+
 def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
     """One training sample: the one-shot baseline's request about a zoom visit (`oneshot_share`), or
     a whole frame (FRAME_SHARE) or a region, centred on a zoom object (OBJECT_SHARE) or anywhere. Objects are drawn by kind (KIND_SHARE), then by name, then by
@@ -249,11 +260,7 @@ def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
     alone would identify the answer, and the model would learn that instead of looking."""
     table = _objects(videos)
     if rng.uniform() < oneshot_share:                # a visit's question, asked of the whole video
-        kind = _pick(rng, ("small", "look_alike"))
-        k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
-        video, frames = videos[k]
-        t = round(_alone(video.gt, item, rng) / video.gt.fps, 1)
-        return oneshot_sample(video, frames, spec, "small_object" if kind == "small" else "look_alike", t)
+        return random_oneshot_sample(videos, spec, rng, table)
     if rng.uniform() < OBJECT_SHARE and table:
         kinds = [k for k in KIND_SHARE if k in table]
         kind = kinds[int(rng.choice(len(kinds), p=[KIND_SHARE[k] / sum(KIND_SHARE[j] for j in kinds)

@@ -76,6 +76,10 @@ VISION_LR = 1.5e-3
 # are not trained on: in the mix they made the recipe fall into a constant reply for one kind
 # (module doc). `evaluate` still scores the one-shot view.
 ONESHOT_SHARE = 0.0
+# ... but every ONESHOT_EVERY-th step (0: none) is a batch of ONESHOT_BATCH of them alone: a clip
+# in a batch pads every row to its length, so mixed in, one clip made a step cost ~3 region steps.
+ONESHOT_EVERY = 0
+ONESHOT_BATCH = 16
 VOCAB_SIZE = 2048
 # Many short training videos rather than a few long ones: every video has two visits of each
 # kind whatever its length, so 48 short videos give four times the visits (and backgrounds per
@@ -192,6 +196,16 @@ def _encode(processor, samples, with_target: bool = True):
     return batch
 
 
+def step_samples(videos, step: int, rng, oneshot_rng) -> list:
+    """The requests training step `step` learns from: every ONESHOT_EVERY-th step, ONESHOT_BATCH
+    one-shot requests (from `oneshot_rng`); otherwise BATCH of the frame tools' mix."""
+    from medclaw.models.train_data import random_oneshot_sample, random_sample
+
+    if ONESHOT_EVERY and step % ONESHOT_EVERY == ONESHOT_EVERY - 1:
+        return [random_oneshot_sample(videos, _Budget(), oneshot_rng) for _ in range(ONESHOT_BATCH)]
+    return [random_sample(videos, _Budget(), rng, ONESHOT_SHARE) for _ in range(BATCH)]
+
+
 def sample_loss(model, batch):
     """Cross-entropy averaged over each reply's tokens, then over the batch: a whole-frame reply
     (five fields) weighs what a one-line region reply weighs, instead of five times as much."""
@@ -254,7 +268,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from medclaw.models.train_data import random_sample, render
+    from medclaw.models.train_data import render
 
     out = Path(out_dir)
     started = time.monotonic()
@@ -280,10 +294,11 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                       {"params": [p for n, p in model.named_parameters() if ".visual." not in f".{n}"],
                        "lr": report.lr}]
 
+            oneshot_rng = np.random.default_rng([seed, 1])   # its own stream: frame draws unmoved
+
             def step_loss(model, step):
-                batch = _encode(processor, [random_sample(train, _Budget(), rng, ONESHOT_SHARE)
-                                            for _ in range(BATCH)])
-                return sample_loss(model, batch)
+                return sample_loss(model, _encode(processor, step_samples(train, step, rng,
+                                                                          oneshot_rng)))
 
             model, losses = fit_steps(model, groups, steps, step_loss, desc="train-tiny",
                                       progress=progress)

@@ -161,6 +161,41 @@ def test_oneshot_sample_is_the_baselines_request(base, videos):
     assert int((batch["input_ids"] == pad).sum()) == sample.meta["visual_tokens"]
 
 
+def test_oneshot_steps_are_batches_of_their_own(videos, monkeypatch):
+    """Every ONESHOT_EVERY-th step is one-shot requests alone (a clip in a frame batch would pad
+    every row to its length), drawn balanced over kinds, each asking about a time its visit is
+    on screen; the other steps draw the frame mix from the same stream as without them."""
+    from collections import Counter
+
+    from medclaw.synth.zoom import visible_at
+
+    monkeypatch.setattr(T, "ONESHOT_EVERY", 3)
+    monkeypatch.setattr(T, "ONESHOT_BATCH", 24)
+    rng, oneshot_rng = np.random.default_rng(0), np.random.default_rng(1)
+    steps = [T.step_samples(videos, step, rng, oneshot_rng) for step in range(6)]
+    video = videos[0][0]
+    kinds, named = Counter(), 0
+    for step, samples in enumerate(steps):
+        if step % 3 != 2:
+            assert len(samples) == T.BATCH and not any(s.is_video for s in samples)
+            continue
+        assert len(samples) == 24 and all(s.meta["tool"] == "oneshot" for s in samples)
+        for s in samples:
+            kinds[s.meta["kind"]] += 1
+            frame = video.gt.frame_at(s.meta["time_s"])
+            on = visible_at(video.gt.zoom, "small" if s.meta["kind"] == "small_object" else "look_alike",
+                            frame)
+            # "none" where the time, rounded to 0.1 s, falls just outside the visit
+            assert s.target.split("\n")[0] == (on[0].replace("_", " ") if on else "none")
+            named += bool(on)
+    assert set(kinds) == {"small_object", "look_alike"} and min(kinds.values()) >= 12
+    assert named >= 0.8 * sum(kinds.values())
+    monkeypatch.setattr(T, "ONESHOT_EVERY", 0)
+    rng = np.random.default_rng(0)
+    plain = [T.step_samples(videos, step, rng, None) for step in range(4)]
+    assert [s.prompt for s in plain[2]] == [s.prompt for s in steps[3]]
+
+
 def test_manifest_detects_a_changed_file(tmp_path):
     (tmp_path / "vlm").mkdir()
     (tmp_path / "vlm" / "a.bin").write_bytes(b"weights")
@@ -186,7 +221,8 @@ def test_cli_refuses_a_used_out_folder(tmp_path, capsys):
                     reason="retrains the miniature (CPU minutes); set MEDCLAW_RETRAIN=1")
 def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     """The README's recipe, end to end: the committed checkpoint's held-out scores come back
-    within noise (the orchestrator's target is not met yet: `targets_met` is false in both)."""
+    within noise. `targets_met` is not compared: the orchestrator's runs spread about 0.1 around
+    its 0.9 target, so a run within noise may land on either side of it."""
     import json
 
     committed = json.loads((T.COMMITTED / "train-report.json").read_text())
@@ -200,7 +236,8 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
         assert views["region"] >= views["frame"] + 0.4, (kind, views)
     actions = report["orchestrator"]["held_out"]["action_accuracy"]
     assert abs(actions - committed["orchestrator"]["held_out"]["action_accuracy"]) <= 0.15
-    assert report["targets_met"] == committed["targets_met"]
+    assert T.meets_targets(report["accuracy"]), report["accuracy"]
+    assert report["targets_met"] == (actions >= T.ORCHESTRATOR_TARGET)
 
 
 def test_background_returns_raises_and_stops():

@@ -120,7 +120,6 @@ def iter_frames(container, stream, index, wanted, *, dense: bool, check_cancelle
     if not wanted:
         return
     ctx = stream.codec_context
-    pts = index.pts
     wanted_set = set(int(i) for i in wanted)
     # Not decoding unwanted non-reference frames is safe where "non-reference" is a property of
     # the packet (H.264, HEVC); AV1 packets may carry hidden frames that later ones show.
