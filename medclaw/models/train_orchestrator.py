@@ -49,7 +49,8 @@ digit alone is the likely weak spot. The copy improved with steps on the real sy
 layers (0.46 of 24 episodes), RoPE theta 1e4 (0.77 of 48), times redrawn inside each visit
 for the ideal cases (0.50 of 24; held-out visits sit where training ones do). At 800 steps: 8
 heads of 32 (4 key-value heads) instead of 4 of 64, 0.81 of 48 (small object 0.83, look-alike
-0.79; trained beside another run, so its time says nothing).
+0.79; trained beside another run, so its time says nothing). A `random_time` share of 0.5
+(0.35 now), seeds 0 and 1: 0.67 and 0.71 of 48 (look-alike 0.33 and 0.50): worse.
 It takes ~20 minutes on one thread of a 2-core machine (report `wall_s`), the longer of the two
 runs `train-tiny` overlaps: the VLM's takes ~11 alone, but on the other core the whole time it
 costs this one memory bandwidth (17 minutes beside an earlier 7-minute VLM recipe).
