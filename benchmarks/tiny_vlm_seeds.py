@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         runs = list(pool.map(_one, args.seeds, [args.steps] * len(args.seeds),
                              [args.lr] * len(args.seeds)))
-    json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH},
+    json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH,
+                          "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()
     return 0

@@ -26,6 +26,7 @@ def test_report_names_the_command_and_shows_the_zoom_gain():
     assert report["command"].startswith("medclaw models train-tiny ")
     assert report["command"].endswith(f" --seed {report['seed']}")
     assert set(report["eval_seeds"]).isdisjoint(report["train_seeds"])
+    assert set(report["eval_seeds"]).isdisjoint(T.ONESHOT_SEEDS)      # the one-shot's videos too
     # what the miniature is for: the region a crop sends is read far better than the whole frame
     for kind in T.TARGETS:
         views = report["accuracy"][kind]
@@ -69,6 +70,8 @@ def test_the_seed_benchmark_ran_the_committed_recipe():
     assert seeds["recipe"]["steps"] == report["steps"] == T.STEPS
     assert seeds["recipe"]["lr"] == report["lr"] == report["vision_lr"] == T.LR == T.VISION_LR
     assert seeds["eval_seeds"] == report["eval_seeds"]
+    assert seeds["recipe"]["oneshot_every"] == report["oneshot_every"] == T.ONESHOT_EVERY
+    assert seeds["recipe"]["oneshot_batch"] == report["oneshot_batch"] == T.ONESHOT_BATCH
     seed0 = next(run for run in seeds["runs"] if run["seed"] == report["seed"])
     assert seed0["accuracy"] == report["accuracy"]
     assert seed0["loss_last"] == report["loss_last"]

@@ -1,0 +1,90 @@
+"""The committed trained VLM says the same in vLLM (what MedClaw serves it with) as in
+transformers (what it was trained and scored with), request by request.
+
+A region request (`crop_video_frame`) agrees. A whole-video request (the one-shot baseline)
+does not: with the same prompt tokens (467) and the same frames, vLLM's greedy reply breaks off
+("dissector\\nEVIDENC]") where transformers writes a whole answer and window. Until the cause is
+found (a video-only difference: temporal positions or the vision tower on several frames), the
+one-shot column of the README's Table III is what vLLM serves, not what the VLM learnt; the
+test is an expected failure while they differ and fails as soon as the two agree.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from medclaw.models import train_tiny as T
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory):
+    """The first held-out video of train-tiny (30 s), decoded as training decodes it."""
+    from medclaw.models.train_data import render
+
+    return render(tmp_path_factory.mktemp("held-out"), T.EVAL_SEEDS[:1], T.EVAL_MINUTES)[0]
+
+
+@pytest.fixture(scope="module")
+def served_vlm(trained_specs):
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+
+    backend = VLLMBackend(trained_specs["video_expert"])
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf_vlm():
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    folder = T.COMMITTED / "vlm"
+    return (Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(),
+            AutoProcessor.from_pretrained(folder))
+
+
+def _served_reply(backend, sample) -> str:
+    """`sample` sent through MedClaw's vLLM backend, laid out as the tools lay it out."""
+    from medclaw.types import GenRequest, MediaItem
+
+    kind = "video" if sample.is_video else "image"
+    item = MediaItem(kind=kind, uuid=f"fidelity-{kind}-{hash(sample.prompt)}", frames=sample.image,
+                     fps=sample.fps)
+    request = GenRequest(messages=[
+        {"role": "system", "content": [{"type": "text", "text": sample.system}]},
+        {"role": "user", "content": [{"type": kind, "uuid": item.uuid},
+                                     {"type": "text", "text": sample.prompt}]}],
+        media=[item], max_tokens=T.MAX_NEW_TOKENS, temperature=0.0)
+    return asyncio.run(backend.generate_one(request)).text
+
+
+def test_a_region_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
+    from medclaw.models.train_data import QUERIES, region_sample
+
+    video, frames = held_out
+    visit = next(v for v in video.gt.zoom["visits"] if v["kind"] == "look_alike")
+    index = (visit["start_frame"] + visit["end_frame"]) // 2
+    sample = region_sample(video.gt, frames, index, T._Budget(), visit["box"], QUERIES[1])
+    hf_reply = T.describe(*hf_vlm, sample)
+    assert hf_reply == sample.target                      # the committed VLM reads the region
+    assert _served_reply(served_vlm, sample) == hf_reply
+
+
+def test_a_whole_video_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
+    """Known to differ (module doc): an expected failure while it does, a failure once it
+    agrees, so that the README's note and this test go when the cause is fixed."""
+    from medclaw.models.train_data import oneshot_sample
+
+    video, frames = held_out
+    question = next(q for q in video.gt.zoom["qa"] if q["kind"] == "look_alike")
+    sample = oneshot_sample(video, frames, T._Budget(), "look_alike", question["evidence_times_s"][0])
+    hf_reply = T.describe(*hf_vlm, sample)
+    assert "EVIDENCE: [" in hf_reply                      # a whole answer with its window
+    served = _served_reply(served_vlm, sample)
+    if served != hf_reply:
+        pytest.xfail(f"vLLM replies {served!r}, transformers {hf_reply!r}")
+    pytest.fail("vLLM and transformers now agree on a whole-video request: drop the README's "
+                "note on Table III's one-shot column and turn this into a plain equality test")
