@@ -7,7 +7,7 @@
 #   benchmarks/tiny_trained_distill.sh [OUT_DIR] [FIRST_SEED]     (default artifacts/distill-tiny, 6000)
 #
 # Renders 2 mining videos (seeds FIRST_SEED..) and 2 validation videos (FIRST_SEED+100..), 0.5 min
-# each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1111), 8 small-object
+# each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1047), 8 small-object
 # and look-alike questions each, and writes OUT_DIR/run/distill_report.{md,json}. The library
 # grown is OUT_DIR/library (the shipped skills apply too); nothing outside OUT_DIR is written.
 set -euo pipefail

@@ -10,7 +10,7 @@
 # keeps the profile's budgets): the same table for a miniature trained on another seed.
 #
 # Renders 12 held-out videos (seeds FIRST_SEED.., 0.5 min, never trained on when FIRST_SEED is
-# 5000 or more: `medclaw models train-tiny` trains on seeds 1000-1111), asks each video's two
+# 5000 or more: `medclaw models train-tiny` trains on seeds 1000-1047), asks each video's two
 # small-object and two look-alike questions in both modes, and writes OUT_DIR/run/report.{md,json}
 # (exact accuracy, evidence-window IoU, the four judge dimensions, per mode and the Δ row).
 # The judge of `tiny-trained` is the untrained tiny LLM: its four scores are noise here.

@@ -59,7 +59,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("train-tiny", help="train the miniature (tiny-trained profile) on synthetic procedures (CPU)",
                        description="Render synthetic procedures with content worth zooming into, train a "
                        "tiny Qwen2.5-VL on the frame and region descriptions the frame tools ask for "
-                       "(and the one-shot baseline's answer format) and, at the same time on the second core, a tiny orchestrator by imitation of a "
+                       "and, at the same time on the second core, a tiny orchestrator by imitation of a "
                        "scripted expert (transformers + accelerate, CPU, about 20 minutes on 2 cores); "
                        "score both on held-out seeds and write OUT/vlm, OUT/llm, "
                        "OUT/train-report.json and OUT/MANIFEST.sha256.")

@@ -2,11 +2,12 @@
 transformers (what it was trained and scored with), request by request.
 
 A region request (`crop_video_frame`) agrees. A whole-video request (the one-shot baseline)
-does not: with the same prompt tokens (467) and the same frames, vLLM's greedy reply breaks off
-("dissector\\nEVIDENC]") where transformers writes a whole answer and window. Until the cause is
-found (a video-only difference: temporal positions or the vision tower on several frames), the
-one-shot column of the README's Table III is what vLLM serves, not what the VLM learnt; the
-test is an expected failure while they differ and fails as soon as the two agree.
+does not: with the same prompt tokens and the same frames, vLLM 0.32 (CPU) and transformers
+reply differently (a VLM trained on one-shot requests wrote "dissector\nEVIDENCE: [00:03.7-
+00:07.7]" in transformers and "dissector\nEVIDENC]" in vLLM). Until the cause is found (a
+video-only difference: temporal positions or the vision tower on several frames), video answers
+of the miniature served by vLLM are not what it learnt; the video test is an expected failure
+while they differ and fails as soon as the two agree.
 """
 from __future__ import annotations
 
@@ -82,7 +83,6 @@ def test_a_whole_video_request_gets_the_same_reply(held_out, served_vlm, hf_vlm)
     question = next(q for q in video.gt.zoom["qa"] if q["kind"] == "look_alike")
     sample = oneshot_sample(video, frames, T._Budget(), "look_alike", question["evidence_times_s"][0])
     hf_reply = T.describe(*hf_vlm, sample)
-    assert "EVIDENCE: [" in hf_reply                      # a whole answer with its window
     served = _served_reply(served_vlm, sample)
     if served != hf_reply:
         pytest.xfail(f"vLLM replies {served!r}, transformers {hf_reply!r}")
