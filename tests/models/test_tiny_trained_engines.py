@@ -76,7 +76,7 @@ def test_a_region_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
 
 def test_a_whole_video_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
     """Known to differ (module doc): an expected failure while it does, a failure once it
-    agrees, so that the README's note and this test go when the cause is fixed."""
+    agrees, so that the README's note and this expectation go when the cause is fixed."""
     from medclaw.models.train_data import oneshot_sample
 
     video, frames = held_out
@@ -87,4 +87,4 @@ def test_a_whole_video_request_gets_the_same_reply(held_out, served_vlm, hf_vlm)
     if served != hf_reply:
         pytest.xfail(f"vLLM replies {served!r}, transformers {hf_reply!r}")
     pytest.fail("vLLM and transformers now agree on a whole-video request: drop the README's "
-                "note on Table III's one-shot column and turn this into a plain equality test")
+                "note that they disagree on video requests and make this a plain equality test")
