@@ -4,10 +4,12 @@ transformers (what it was trained and scored with), request by request.
 A region request (`crop_video_frame`) agrees. A whole-video request (the one-shot baseline)
 does not: with the same prompt tokens and the same frames, vLLM 0.32 (CPU) and transformers
 reply differently (a VLM trained on one-shot requests wrote "dissector\nEVIDENCE: [00:03.7-
-00:07.7]" in transformers and "dissector\nEVIDENC]" in vLLM). Until the cause is found (a
-video-only difference: temporal positions or the vision tower on several frames), video answers
-of the miniature served by vLLM are not what it learnt; the video test is an expected failure
-while they differ and fails as soon as the two agree.
+00:07.7]" in transformers and "dissector\nEVIDENC]" in vLLM). The cause: transformers 5.19's
+Qwen2.5-VL `get_rope_index` resumes the text after a video at the video's start + max(h, w) / 2,
+vLLM (like the original Qwen2.5-VL code) at the video's largest position + 1; with the latter
+layout transformers reproduces vLLM's reply token for token. Until training uses the serving
+layout, video answers of the miniature served by vLLM are not what it learnt; the video test is
+an expected failure while they differ and fails as soon as the two agree.
 """
 from __future__ import annotations
 
