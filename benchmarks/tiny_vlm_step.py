@@ -55,7 +55,7 @@ def _timeline_sample(video, frames, spec):
 def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoProcessor
 
     from medclaw.models import train_tiny as T
     from medclaw.models.train_data import oneshot_sample, random_sample, render
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp) / "base"
         T.build_base(base, 0)
         processor = AutoProcessor.from_pretrained(base)
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(base, dtype=torch.float32)
+        model = T.load_vlm(base)
         videos = render(tmp, T.TRAIN_SEEDS[:2], T.TRAIN_MINUTES)
         spec = T._Budget()
         video, frames = videos[0]

@@ -8,8 +8,9 @@ Builds the one-shot request about the first look-alike question of held-out vide
 see tests/models/test_tiny_trained_engines.py) and runs the committed VLM in transformers once
 with transformers' own positions (`get_rope_index`: text after the video resumes at its start +
 max(h, w) / merge) and once with the reference layout vLLM and the original Qwen2.5-VL use
-(resumes at the video's largest position + 1). Reports how many of the reply's tokens each
-layout's greedy prediction matches, teacher-forced, and the shift between the two layouts.
+(`medclaw.models.mrope`: resumes at the video's largest position + 1, what MedClaw now trains
+and serves with). Reports how many of the reply's tokens each layout's greedy prediction
+matches, teacher-forced, and the shift between the two layouts.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
     from medclaw.models import train_tiny as T
+    from medclaw.models.mrope import reference_rope_index
     from medclaw.models.train_data import oneshot_sample, render
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(T.THREADS)
     folder = T.COMMITTED / "vlm"
     processor = AutoProcessor.from_pretrained(folder)
+    # not `train_tiny.load_vlm`: both layouts are passed explicitly as position_ids
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
     with tempfile.TemporaryDirectory(prefix="medclaw-positions-") as tmp:   # the plan probes the file
         video, frames = render(tmp, T.EVAL_SEEDS[:1], T.EVAL_MINUTES)[0]
@@ -51,10 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                                         video_grid_thw=batch["video_grid_thw"],
                                         second_per_grid_ts=batch["second_per_grid_ts"],
                                         attention_mask=inputs["attention_mask"])
+    reference, _ = reference_rope_index(own, types, inputs["attention_mask"])
     after = int((ids[0] == model.config.video_token_id).nonzero()[-1, 0]) + 1
-    shift = int(own[:, 0, :after].max()) + 1 - int(own[0, 0, after])
-    reference = own.clone()
-    reference[:, 0, after:] += shift
+    shift = int(reference[0, 0, after]) - int(own[0, 0, after])
     matched = {}
     for name, positions in (("transformers", own), ("reference", reference)):
         with torch.no_grad():

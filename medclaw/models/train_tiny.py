@@ -175,6 +175,21 @@ def build_base(folder: Path, seed: int) -> None:
     tiny._write_vlm(folder, tokenizer, seed)
 
 
+def load_vlm(folder):
+    """The VLM in `folder` in float32 (as a CPU engine computes), with Qwen2.5-VL's reference
+    positions for the text after a video (`models.mrope`): the layout vLLM serves it with, so
+    what it learns and is scored on here is what the engine gets."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from medclaw.models.mrope import use_reference_positions
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    if not use_reference_positions(model):
+        raise RuntimeError(f"{folder}: not a Qwen2.5-VL model (model_type {model.config.model_type!r})")
+    return model
+
+
 def _encode(processor, samples, with_target: bool = True):
     """Batch tensors in the chat layout vLLM renders (system, image, text; reply after).
 
@@ -286,7 +301,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
     (no OUT/llm, `targets_met` false)."""
     import numpy as np
     import torch
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoProcessor
 
     from medclaw.models.train_data import render
 
@@ -307,7 +322,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             base = Path(tmp) / "base"
             build_base(base, seed)
             processor = AutoProcessor.from_pretrained(base)
-            model = Qwen2_5_VLForConditionalGeneration.from_pretrained(base, dtype=torch.float32)
+            model = load_vlm(base)
             train = render(tmp, TRAIN_SEEDS, TRAIN_MINUTES)
             held_out = render(tmp, EVAL_SEEDS, EVAL_MINUTES)
             # the one-shot pass sees a whole video: train it on videos as long as the held-out ones
@@ -334,7 +349,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                     (vlm / item.name).write_bytes(item.read_bytes())
             model.to(dtype=torch.bfloat16).save_pretrained(vlm, safe_serialization=True)
             # score what was saved (bf16), in float32 like a CPU engine computes
-            saved = Qwen2_5_VLForConditionalGeneration.from_pretrained(vlm, dtype=torch.float32).eval()
+            saved = load_vlm(vlm).eval()
             report.accuracy, report.counts = evaluate(saved, processor, held_out)
         report.orchestrator = background.result() if background else {}
     finally:

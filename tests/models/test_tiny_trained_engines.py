@@ -1,15 +1,13 @@
 """The committed trained VLM says the same in vLLM (what MedClaw serves it with) as in
 transformers (what it was trained and scored with), request by request.
 
-A region request (`crop_video_frame`) agrees. A whole-video request (the one-shot baseline)
-does not: with the same prompt tokens and the same frames, vLLM 0.32 (CPU) and transformers
-reply differently (a VLM trained on one-shot requests wrote "dissector\nEVIDENCE: [00:03.7-
-00:07.7]" in transformers and "dissector\nEVIDENC]" in vLLM). The cause: transformers 5.19's
-Qwen2.5-VL `get_rope_index` resumes the text after a video at the video's start + max(h, w) / 2,
-vLLM (like the original Qwen2.5-VL code) at the video's largest position + 1; with the latter
-layout transformers reproduces vLLM's reply token for token. Until training uses the serving
-layout, video answers of the miniature served by vLLM are not what it learnt; the video test is
-an expected failure while they differ and fails as soon as the two agree.
+A region request (`crop_video_frame`) and a whole-video request (the one-shot baseline) alike.
+The video one guards `models.mrope`: transformers 5's Qwen2.5-VL `get_rope_index` resumes the
+text after a video at the video's start + max(h, w) / 2, vLLM (like the original Qwen2.5-VL
+code) at the video's largest position + 1. Without the reference layout the two engines replied
+differently to the same prompt tokens and frames (a VLM trained on one-shot requests wrote
+"dissector\nEVIDENCE: [00:03.7-00:07.7]" in transformers and "dissector\nEVIDENC]" in vLLM 0.32
+on CPU).
 """
 from __future__ import annotations
 
@@ -40,13 +38,24 @@ def served_vlm(trained_specs):
 
 
 @pytest.fixture(scope="module")
+def hf_backend(trained_specs):
+    """The profile's VLM on MedClaw's transformers backend (without vLLM's engine arguments)."""
+    from dataclasses import replace
+
+    from medclaw.engine.backends.hf import TransformersBackend
+
+    backend = TransformersBackend(replace(trained_specs["video_expert"], backend="transformers",
+                                          extra={}))
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
 def hf_vlm():
-    import torch
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoProcessor
 
     folder = T.COMMITTED / "vlm"
-    return (Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(),
-            AutoProcessor.from_pretrained(folder))
+    return T.load_vlm(folder).eval(), AutoProcessor.from_pretrained(folder)
 
 
 def _served_reply(backend, sample) -> str:
@@ -76,17 +85,15 @@ def test_a_region_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
     assert _served_reply(served_vlm, sample) == hf_reply
 
 
-def test_a_whole_video_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
-    """Known to differ (module doc): an expected failure while it does, a failure once it
-    agrees, so that the README's note and this expectation go when the cause is fixed."""
+def test_a_whole_video_request_gets_the_same_reply(held_out, served_vlm, hf_vlm, hf_backend):
+    """The same in vLLM, in training's transformers (`train_tiny.describe`) and in MedClaw's
+    transformers backend: all three place the text after the video alike (module doc)."""
     from medclaw.models.train_data import oneshot_sample
 
     video, frames = held_out
     question = next(q for q in video.gt.zoom["qa"] if q["kind"] == "look_alike")
     sample = oneshot_sample(video, frames, T._Budget(), "look_alike", question["evidence_times_s"][0])
-    hf_reply = T.describe(*hf_vlm, sample)
     served = _served_reply(served_vlm, sample)
-    if served != hf_reply:
-        pytest.xfail(f"vLLM replies {served!r}, transformers {hf_reply!r}")
-    pytest.fail("vLLM and transformers now agree on a whole-video request: drop the README's "
-                "note that they disagree on video requests and make this a plain equality test")
+    assert served                                               # a reply, not an empty string
+    assert T.describe(*hf_vlm, sample).strip() == served       # the backends strip replies
+    assert _served_reply(hf_backend, sample) == served

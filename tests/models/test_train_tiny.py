@@ -82,13 +82,12 @@ def test_prompts_and_targets_are_short_and_labels_line_up(base, two_samples):
 
 def test_a_few_steps_lower_the_loss(base, videos):
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
 
     from medclaw.models.train_data import random_sample
 
     folder, processor = base
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model = T.load_vlm(folder)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = np.random.default_rng(0)
     batch = T._encode(processor, [random_sample(videos, T._Budget(), rng) for _ in range(4)])
@@ -130,11 +129,10 @@ def test_the_training_mix_is_balanced_and_the_time_stamp_says_nothing(videos):
 def test_sample_loss_weighs_every_reply_alike(base, two_samples):
     """A five-field frame reply and a one-line region reply count the same in the loss."""
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
 
     folder, processor = base
     samples = two_samples
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    model = T.load_vlm(folder).eval()
     with torch.no_grad():
         alone = [float(model(**T._encode(processor, [s])).loss) for s in samples]
         both = float(T.sample_loss(model, T._encode(processor, samples)))

@@ -10,7 +10,9 @@ Contract:
   bitsandbytes and getting full precision is an error, never served.
 - VLMs (a `vision_config` in config.json) load with `AutoModelForImageTextToText` and their
   processor; video parts go in as already-sampled frames (`do_sample_frames=False`), image parts
-  as arrays. Text models load with `AutoModelForCausalLM`.
+  as arrays. Text models load with `AutoModelForCausalLM`. Qwen2-VL / Qwen2.5-VL models get
+  their reference positions for the text after a video (`models.mrope`; transformers 5 places
+  it elsewhere), so a video request is answered as vLLM answers it.
 - `generate` is awaitable from any event loop; generation runs on one dedicated worker thread
   (transformers' `generate` is not safe to run concurrently on one model), one request at a time.
 - `GenRequest.json_schema` is enforced with xgrammar's transformers logits processor (compact
@@ -82,6 +84,7 @@ class TransformersBackend(Backend):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, \
             AutoTokenizer
 
+        from medclaw.models.mrope import use_reference_positions
         from medclaw.models.quantization import check_transformers, expect_quantized
         from medclaw.models.store import revision_hash
 
@@ -95,6 +98,7 @@ class TransformersBackend(Backend):
             load_kwargs["quantization_config"] = quantization
         model_class = AutoModelForImageTextToText if self.is_multimodal else AutoModelForCausalLM
         self.model = model_class.from_pretrained(spec.path, **load_kwargs).eval()
+        use_reference_positions(self.model)
         self.quantization = expect_quantized(spec, self.model)     # what was really loaded
         self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
         self._plan = PromptPlan(self.tokenizer, spec.name)
