@@ -48,6 +48,10 @@ FRAME_SHARE = 0.1
 OBJECT_SHARE = 0.8
 KIND_SHARE = {"small": 0.4, "look_alike": 0.4, "flash": 0.2}
 WIDTH, HEIGHT, FPS = 320, 180, 25
+# `crop_video` requests (`random_clip_sample`): what is asked, clip lengths (s), share over a flash
+CLIP_QUERY = "When is the cautery flash, and which instrument is brought in after it?"
+CLIP_SECONDS = (4.0, 12.0)
+CLIP_ON_FLASH = 0.7
 
 
 @dataclass(slots=True)
@@ -177,36 +181,119 @@ def region_sample(gt, frames, index: int, spec, region, query: str, said: int | 
                   {"tool": "crop_video_frame", "frame": index, "region": region})
 
 
-def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
-    """The one-shot baseline's request about the `kind` zoom visit at `t` of `video` (a
-    SynthVideo; `frames` its decoded frames), planned like `eval.oneshot` plans it."""
+def planned_clip(video, frames, spec, max_tokens: int, start_s: float = 0.0,
+                 end_s: float | None = None):
+    """(VideoInfo, FramePlan, clip (T, h, w, 3) uint8): [start_s, end_s] of `video` (default:
+    all of it) planned like the tools plan it (`kernels.planner.plan_frames` under the role's
+    budgets, `max_tokens` of the context kept for the reply), cut from the decoded `frames`."""
     import torch
 
-    from medclaw.eval import oneshot
-    from medclaw.eval.synthetic import ZOOM_WINDOW_S
     from medclaw.kernels.ops import resize_crop
     from medclaw.kernels.planner import plan_frames
     from medclaw.kernels.probe import probe_video
-    from medclaw.synth.zoom import visible_at, zoom_question
     from medclaw.tools.media import TEXT_RESERVE_TOKENS
-    from medclaw.tools.timeline import Window
 
     info = probe_video(video.path)
-    plan = plan_frames(info, 0.0, info.duration_s, fps=spec.fps, max_frames=spec.max_frames,
-                       min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
-                       total_pixels=spec.total_pixels,
-                       max_visual_tokens=spec.max_model_len - oneshot.MAX_TOKENS - TEXT_RESERVE_TOKENS)
+    end_s = info.duration_s if end_s is None else end_s
+    plan = plan_frames(info, start_s, end_s, fps=spec.fps,
+                       max_frames=spec.max_frames, min_pixels=spec.min_pixels,
+                       max_pixels=spec.max_pixels, total_pixels=spec.total_pixels,
+                       max_visual_tokens=spec.max_model_len - max_tokens - TEXT_RESERVE_TOKENS)
     clip = resize_crop(torch.from_numpy(frames[list(plan.frame_indices)]), plan.width, plan.height)
+    return info, plan, clip.numpy()
+
+
+def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
+    """The one-shot baseline's request about the `kind` zoom visit at `t` of `video` (a
+    SynthVideo; `frames` its decoded frames), planned like `eval.oneshot` plans it."""
+    from medclaw.eval import oneshot
+    from medclaw.eval.synthetic import ZOOM_WINDOW_S
+    from medclaw.synth.zoom import visible_at, zoom_question
+    from medclaw.tools.timeline import Window
+
     gt = video.gt
+    info, plan, clip = planned_clip(video, frames, spec, oneshot.MAX_TOKENS)
     names = visible_at(gt.zoom, "small" if kind == "small_object" else "look_alike", gt.frame_at(t))
     answer = _label(names[0]) if names else "none"
     question = zoom_question(kind, t)
     window = Window(max(0.0, t - ZOOM_WINDOW_S), t + ZOOM_WINDOW_S)     # the gold window
     return Sample(VIDEO_EXPERT_SYSTEM,
                   oneshot.instructions(info.duration_s) + f"Question: {question}",
-                  clip.numpy(), f"{answer}\nEVIDENCE: {window}",
+                  clip, f"{answer}\nEVIDENCE: {window}",
                   {"tool": "oneshot", "kind": kind, "time_s": t,
                    "visual_tokens": plan.num_visual_tokens}, fps=plan.fps)
+
+
+def _arrivals(gt, times, frames) -> list[tuple[int, str]]:
+    """(k, instrument) for each instrument brought in between samples k - 1 and k and seen to
+    arrive: absent at sample k - 1, on screen at sample k (one already on screen cannot be seen
+    arriving)."""
+    arrivals = []
+    for event in gt.events_of("instrument_in"):
+        name = event["instrument"]
+        k = next((k for k in range(1, len(times))
+                  if times[k - 1] < event["time_s"] <= times[k] + 1e-6), None)
+        if k is not None and name in gt.instruments_at(frames[k]) \
+                and name not in gt.instruments_at(frames[k - 1]):
+            arrivals.append((k, name))
+    return sorted(arrivals)
+
+
+def clip_target(gt, times) -> str:
+    """What `crop_video` should say about a clip sampled at `times` (video seconds) when asked
+    CLIP_QUERY: for each cautery flash some sample shows, `[first-last sample showing it]
+    cautery flash`, then the first instrument seen brought in after it, `[the sample before-the
+    first sample showing it] <instrument> brought in`; NOTHING when no sample shows a flash.
+    Times are clip time (0 = the first sample), what a Qwen2.5-VL reads off its video positions;
+    the tool shifts them into video time (`timeline.resolve_clip_timeline`)."""
+    from medclaw.tools.timeline import format_time
+
+    frames = [gt.frame_at(t) for t in times]
+
+    def span(a: int, b: int) -> str:
+        return f"[{format_time(times[a] - times[0])}-{format_time(times[b] - times[0])}]"
+
+    arrivals = _arrivals(gt, times, frames)
+    lines = []
+    for flash in gt.zoom.get("flashes", []):
+        seen = [k for k, frame in enumerate(frames) if flash["frame"] <= frame < flash["end_frame"]]
+        if not seen:
+            continue
+        lines.append(f"{span(seen[0], seen[-1])} cautery flash")
+        after = next(((k, name) for k, name in arrivals if k > seen[-1]), None)
+        if after is not None:
+            lines.append(f"{span(after[0] - 1, after[0])} {_label(after[1])} brought in")
+    return "\n".join(lines) or NOTHING
+
+
+def clip_sample(video, frames, spec, start_s: float, end_s: float) -> Sample:
+    """`crop_video(start_s, end_s, CLIP_QUERY)` on `video`: the clip planned as the tool plans
+    it, its prompt, and `clip_target` of the frames the plan samples."""
+    from medclaw.tools import prompts
+    from medclaw.tools.timeline import Window
+
+    _, plan, clip = planned_clip(video, frames, spec, prompts.TIMELINE_MAX_TOKENS, start_s, end_s)
+    window = Window(plan.start_s, plan.end_s)
+    return Sample(VIDEO_EXPERT_SYSTEM, prompts.crop_video_prompt(window, CLIP_QUERY), clip,
+                  clip_target(video.gt, list(plan.timestamps_s)),
+                  {"tool": "crop_video", "window": [plan.start_s, plan.end_s],
+                   "times": list(plan.timestamps_s)}, fps=plan.fps)
+
+
+def random_clip_sample(videos, spec, rng) -> Sample:
+    """A `crop_video` request of CLIP_SECONDS: over a flash (CLIP_ON_FLASH; the flash anywhere
+    but the last second of it) or anywhere."""
+    video, frames = _pick(rng, videos)
+    gt = video.gt
+    duration = gt.num_frames / gt.fps
+    length = min(duration, rng.uniform(*CLIP_SECONDS))
+    flashes = gt.zoom.get("flashes", [])
+    if flashes and rng.uniform() < CLIP_ON_FLASH:
+        start = _pick(rng, flashes)["time_s"] - rng.uniform(0.5, length - 1.0)
+    else:
+        start = rng.uniform(0.0, duration - length)
+    start = round(max(0.0, min(start, duration - length)), 1)
+    return clip_sample(video, frames, spec, start, round(start + length, 1))
 
 
 def _jitter(box, rng, amount: float):
@@ -285,9 +372,10 @@ def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
     return region_sample(gt, frames, index, spec, box, query, said)
 
 
-def corpus() -> list[str]:
+def corpus(clips: bool = False) -> list[str]:
     """Texts the miniature's tokenizer is trained on: the tools' prompts and the targets' words,
-    so a prompt and a description are a handful of tokens each."""
+    so a prompt and a description are a handful of tokens each; with `clips`, also the
+    `crop_video` request and timeline lines (`clip_sample`)."""
     from medclaw.synth.truth import INSTRUMENTS, PHASES
     from medclaw.tools import prompts
 
@@ -301,4 +389,12 @@ def corpus() -> list[str]:
     texts += [f"phase: {p}" for p in PHASES]
     texts += [f"instruments: {n}" for n in names] + [f"small object: {n}" for n in names]
     texts += [f"left instrument: {n}" for n in names] + ["flash: yes", "flash: no", "none"]
+    if clips:
+        from medclaw.tools.timeline import Window, format_time
+
+        texts += [CLIP_QUERY] + [prompts.crop_video_prompt(Window(k * 2.3, k * 2.3 + 9.5), CLIP_QUERY)
+                                 for k in range(10)]
+        for k in range(30):
+            span = f"[{format_time(k * 0.45)}-{format_time(k * 0.45 + 0.5)}]"
+            texts += [f"{span} cautery flash", f"{span} {names[k % len(INSTRUMENTS)]} brought in"]
     return texts

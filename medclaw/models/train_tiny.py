@@ -63,9 +63,9 @@ What the experiments on this data showed (held-out region accuracy, 24 questions
   recipe leaves them off (ONESHOT_EVERY 0). Their one-shot scores: trained on the 12 s
   training videos, seed 0 0.00 and 0.00 on the 30 s held-out requests (seed 1 0.38 and 0.58);
   on 30 s videos (ONESHOT_SEEDS), seeds 0-4 0.33-0.38 and 0.46-0.54, about what always naming
-  one object scores, as expected of a pass that cannot see the object or the mark. These are
-  transformers' replies: vLLM serves whole-video requests of these checkpoints differently
-  (tests/models/test_tiny_trained_engines.py).
+  one object scores, as expected of a pass that cannot see the object or the mark. These runs
+  predate `models.mrope`: transformers then placed the text after a video elsewhere than vLLM
+  does, so they trained and scored a layout vLLM does not serve (`load_vlm` now uses vLLM's).
 """
 from __future__ import annotations
 
@@ -95,6 +95,13 @@ ONESHOT_SHARE = 0.0
 ONESHOT_EVERY = 0
 ONESHOT_BATCH = 8
 ONESHOT_SEEDS = tuple(range(1100, 1112))     # their videos, EVAL_MINUTES long like the held-out ones
+# Every CLIP_EVERY-th step can be a batch of CLIP_BATCH `crop_video` requests (clip timelines:
+# the flash and the instrument brought in after it, `train_data.clip_target`), sampled at
+# CLIP_FPS (0: none). Off: the VLM learnt their format but not their content (module doc); on,
+# the profile's fps (presets.yaml) would have to be CLIP_FPS too, as the tool plans with it.
+CLIP_EVERY = 0
+CLIP_BATCH = 8
+CLIP_FPS = 2.0
 VOCAB_SIZE = 2048
 # Many short training videos rather than a few long ones: every video has two visits of each
 # kind whatever its length, so 48 short videos give four times the visits (and backgrounds per
@@ -115,6 +122,7 @@ MAX_PIXELS = 16 * 28 * 28
 TOTAL_PIXELS = 1024 * 28 * 28
 VIDEO_FPS = 1.0
 MAX_FRAMES = 64
+CLIP_MAX_PIXELS = MAX_PIXELS         # a crop_video frame (CLIP_EVERY): as the profile sizes it
 MAX_MODEL_LEN = 4096
 MAX_NEW_TOKENS = 48
 # Held-out accuracy a trained frame verifier must reach on a zoomed region (the slow retrain test
@@ -141,6 +149,9 @@ class TrainReport:
     # every oneshot_every-th step is oneshot_batch one-shot requests (0: none)
     oneshot_every: int = 0
     oneshot_batch: int = 0
+    # every clip_every-th step is clip_batch crop_video requests (0: none)
+    clip_every: int = 0
+    clip_batch: int = 0
     wall_s: float = 0.0
     loss_first: float = 0.0
     loss_last: float = 0.0
@@ -170,7 +181,8 @@ def build_base(folder: Path, seed: int) -> None:
     from medclaw.models import tiny
     from medclaw.models.train_data import corpus
 
-    tokenizer = tiny._train_tokenizer(tuple(tiny._CORPUS) + tuple(corpus()), VOCAB_SIZE)
+    tokenizer = tiny._train_tokenizer(tuple(tiny._CORPUS) + tuple(corpus(clips=bool(CLIP_EVERY))),
+                                      VOCAB_SIZE)
     folder.mkdir(parents=True, exist_ok=True)
     tiny._write_vlm(folder, tokenizer, seed)
 
@@ -229,15 +241,21 @@ def _encode(processor, samples, with_target: bool = True):
     return batch
 
 
-def step_samples(videos, step: int, rng, oneshot_rng, oneshot_videos=None) -> list:
+def step_samples(videos, step: int, rng, extra_rng, whole_videos=None) -> list:
     """The requests training step `step` learns from: every ONESHOT_EVERY-th step, ONESHOT_BATCH
-    one-shot requests about `oneshot_videos` (default `videos`; from `oneshot_rng`); otherwise
-    BATCH of the frame tools' mix."""
-    from medclaw.models.train_data import random_oneshot_sample, random_sample
+    one-shot requests about `whole_videos` (default `videos`); every CLIP_EVERY-th, CLIP_BATCH
+    `crop_video` requests about `videos` and `whole_videos` (CLIP_FPS, frames of at most
+    CLIP_MAX_PIXELS); both from `extra_rng`, so the frame mix is drawn as without them;
+    otherwise BATCH of the frame tools' mix."""
+    from medclaw.models.train_data import random_clip_sample, random_oneshot_sample, random_sample
 
     if ONESHOT_EVERY and step % ONESHOT_EVERY == ONESHOT_EVERY - 1:
-        return [random_oneshot_sample(oneshot_videos or videos, _Budget(), oneshot_rng)
+        return [random_oneshot_sample(whole_videos or videos, _Budget(), extra_rng)
                 for _ in range(ONESHOT_BATCH)]
+    if CLIP_EVERY and step % CLIP_EVERY == CLIP_EVERY - 1:
+        clip_videos = list(videos) + list(whole_videos or [])
+        spec = _Budget(fps=CLIP_FPS, max_pixels=CLIP_MAX_PIXELS)
+        return [random_clip_sample(clip_videos, spec, extra_rng) for _ in range(CLIP_BATCH)]
     return [random_sample(videos, _Budget(), rng, ONESHOT_SHARE) for _ in range(BATCH)]
 
 
@@ -313,7 +331,8 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                          seed=seed, steps=steps, batch=BATCH, lr=lr or LR,
                          vision_lr=lr or VISION_LR, train_seeds=list(TRAIN_SEEDS),
                          eval_seeds=list(EVAL_SEEDS), scope=SCOPE, oneshot_every=ONESHOT_EVERY,
-                         oneshot_batch=ONESHOT_BATCH if ONESHOT_EVERY else 0)
+                         oneshot_batch=ONESHOT_BATCH if ONESHOT_EVERY else 0,
+                         clip_every=CLIP_EVERY, clip_batch=CLIP_BATCH if CLIP_EVERY else 0)
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     background = _start_orchestrator(out / "llm", seed, progress) if orchestrator else None
@@ -326,17 +345,17 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             train = render(tmp, TRAIN_SEEDS, TRAIN_MINUTES)
             held_out = render(tmp, EVAL_SEEDS, EVAL_MINUTES)
             # the one-shot pass sees a whole video: train it on videos as long as the held-out ones
-            whole = render(tmp, ONESHOT_SEEDS, EVAL_MINUTES) if ONESHOT_EVERY else None
+            whole = render(tmp, ONESHOT_SEEDS, EVAL_MINUTES) if ONESHOT_EVERY or CLIP_EVERY else None
             groups = [{"params": [p for n, p in model.named_parameters() if ".visual." in f".{n}"],
                        "lr": report.vision_lr},
                       {"params": [p for n, p in model.named_parameters() if ".visual." not in f".{n}"],
                        "lr": report.lr}]
 
-            oneshot_rng = np.random.default_rng([seed, 1])   # its own stream: frame draws unmoved
+            extra_rng = np.random.default_rng([seed, 1])   # its own stream: frame draws unmoved
 
             def step_loss(model, step):
                 return sample_loss(model, _encode(processor, step_samples(train, step, rng,
-                                                                          oneshot_rng, whole)))
+                                                                          extra_rng, whole)))
 
             model, losses = fit_steps(model, groups, steps, step_loss, desc="train-tiny",
                                       progress=progress)

@@ -10,10 +10,11 @@ import pytest
 from medclaw.cli import main
 from medclaw.models import train_tiny as T
 from medclaw.models.train_data import (
-    NOTHING, frame_sample, frame_target, read_field, region_sample, region_target,
+    NOTHING, clip_target, frame_sample, frame_target, read_field, region_sample, region_target,
 )
 from medclaw.synth.truth import make_ground_truth
 from medclaw.synth.zoom import ZoomOptions
+from medclaw.tools.timeline import format_time
 
 
 def _gt(seed=7):
@@ -37,6 +38,33 @@ def test_targets_follow_the_ground_truth():
     assert read_field(frame_target(gt, flash["frame"]), "flash") == "yes"
     assert read_field(frame_target(gt, flash["end_frame"]), "flash") == "no"
     assert read_field(frame_target(gt, 0), "phase") == "preparation"
+
+
+def test_a_clip_timeline_names_each_flash_seen_and_the_instrument_brought_in_after_it():
+    """Sampled at every frame, the clip shows each flash whole and the arrival the ground truth
+    names after it (`instrument_in_after`, computed by the generator on its own)."""
+    from medclaw.tools.timeline import parse_timeline
+
+    gt = _gt()
+    start = 2.0
+    times = [f / gt.fps for f in range(int(start * gt.fps), gt.num_frames)]
+    entries = parse_timeline(clip_target(gt, times)).entries
+    flashes = [e for e in entries if e.text == "cautery flash"]
+    assert len(flashes) == len(gt.zoom["flashes"]) == 2
+    for entry, flash in zip(flashes, gt.zoom["flashes"]):
+        assert entry.start_s == pytest.approx(flash["time_s"] - start, abs=0.05)       # clip time
+        assert entry.end_s == pytest.approx((flash["end_frame"] - 1) / gt.fps - start, abs=0.05)
+        arrival = next(e for e in entries if e.start_s >= entry.end_s and e is not entry)
+        after = flash["instrument_in_after"]
+        assert arrival.text == after["instrument"].replace("_", " ") + " brought in"
+        assert arrival.end_s == pytest.approx(after["time_s"] - start, abs=0.05)
+    # sampled once a second, a 0.6 s flash falls between samples or on one of them
+    sparse = [start + k for k in range(int(gt.num_frames / gt.fps - start))]
+    seen = [any(f["frame"] <= gt.frame_at(t) < f["end_frame"] for t in sparse)
+            for f in gt.zoom["flashes"]]
+    assert clip_target(gt, sparse).count("cautery flash") == sum(seen)
+    before = [t for t in times if t < gt.zoom["flashes"][0]["time_s"] - 0.1]
+    assert clip_target(gt, before) == NOTHING
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +220,25 @@ def test_oneshot_steps_are_batches_of_their_own(videos, monkeypatch):
     rng = np.random.default_rng(0)
     plain = [T.step_samples(videos, step, rng, None) for step in range(4)]
     assert [s.prompt for s in plain[2]] == [s.prompt for s in steps[3]]
+
+
+def test_clip_steps_are_crop_video_requests_of_their_own(videos, monkeypatch):
+    """Every CLIP_EVERY-th step is `crop_video` requests alone, sampled at CLIP_FPS, most of them
+    over a flash; their targets are `clip_target` of the times the plan samples."""
+    monkeypatch.setattr(T, "CLIP_EVERY", 2)
+    monkeypatch.setattr(T, "CLIP_BATCH", 12)
+    rng, extra_rng = np.random.default_rng(0), np.random.default_rng(1)
+    steps = [T.step_samples(videos, step, rng, extra_rng) for step in range(4)]
+    assert not any(s.is_video for s in steps[0] + steps[2])
+    clips = steps[1] + steps[3]
+    assert len(clips) == 24 and all(s.meta["tool"] == "crop_video" for s in clips)
+    video = videos[0][0]
+    for s in clips:
+        assert s.image.shape[0] == len(s.meta["times"])
+        assert 0.75 * T.CLIP_FPS <= s.fps <= 1.05 * T.CLIP_FPS     # frames come in pairs
+        assert s.target == clip_target(video.gt, s.meta["times"])
+        assert f"the clip starts at {format_time(s.meta['window'][0])}" in s.prompt
+    assert sum("cautery flash" in s.target for s in clips) >= 0.5 * len(clips)
 
 
 def test_manifest_detects_a_changed_file(tmp_path):
