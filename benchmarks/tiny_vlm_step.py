@@ -33,23 +33,16 @@ CLIP_FPS = 2.0
 
 def _timeline_sample(video, frames, spec):
     """A CLIP_S-second clip from the start of `video` at CLIP_FPS, planned like a clip tool plans
-    one (`kernels.planner.plan_frames` at the profile's frame budget)."""
-    import torch
+    one (`train_data.planned_clip`: the planner at the profile's frame budget)."""
+    from dataclasses import replace
 
-    from medclaw.kernels.ops import resize_crop
-    from medclaw.kernels.planner import plan_frames
-    from medclaw.kernels.probe import probe_video
-    from medclaw.models.train_data import Sample
-    from medclaw.tools.prompts import VIDEO_EXPERT_SYSTEM
+    from medclaw.models.train_data import Sample, planned_clip
+    from medclaw.tools.prompts import TIMELINE_MAX_TOKENS, VIDEO_EXPERT_SYSTEM
 
-    info = probe_video(video.path)
-    plan = plan_frames(info, 0.0, min(CLIP_S, info.duration_s), fps=CLIP_FPS,
-                       max_frames=spec.max_frames, min_pixels=spec.min_pixels,
-                       max_pixels=spec.max_pixels, total_pixels=spec.total_pixels,
-                       max_visual_tokens=spec.max_model_len // 2)
-    clip = resize_crop(torch.from_numpy(frames[list(plan.frame_indices)]), plan.width, plan.height)
+    _, plan, clip = planned_clip(video, frames, replace(spec, fps=CLIP_FPS), TIMELINE_MAX_TOKENS,
+                                 0.0, min(CLIP_S, video.gt.num_frames / video.gt.fps))
     return Sample(VIDEO_EXPERT_SYSTEM, "Describe this clip as a timestamped timeline.",
-                  clip.numpy(), "2.4 s: flash: yes", fps=plan.fps)
+                  clip, "2.4 s: flash: yes", fps=plan.fps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,9 @@ Deterministic in `seed` on one machine and torch build (data order, init, dropou
 across machines, float reductions differ, so scores are reproducible within noise, bytes not.
 
 Not trained: the video expert's timelines (view_full_video, crop_video), so questions that need
-them (before/after, counts) are out of the miniature's reach; the one-shot request (see
-ONESHOT_EVERY); the report says so (`scope`).
+them (before/after, counts) are out of the miniature's reach (CLIP_EVERY > 0 trains crop_video
+timelines; the recipe leaves it off, see below); the one-shot request (see ONESHOT_EVERY); the
+report says so (`scope`).
 
 What the experiments on this data showed (held-out region accuracy, 24 questions per kind):
 - The pipeline is sound: image tokens match `image_grid_thw`, the labels cover only the reply,
@@ -66,6 +67,18 @@ What the experiments on this data showed (held-out region accuracy, 24 questions
   one object scores, as expected of a pass that cannot see the object or the mark. These runs
   predate `models.mrope`: transformers then placed the text after a video elsewhere than vLLM
   does, so they trained and scored a layout vLLM does not serve (`load_vlm` now uses vLLM's).
+- `crop_video` timelines (CLIP_EVERY 5, CLIP_BATCH 8, 2 fps, clip frames at the profile's
+  140x84; 3000 steps, so the frame steps stay 2400; `benchmarks/tiny_vlm_clips.py`, seed 0,
+  19 min): the region kept 1.00 and 1.00, and the replies took the timeline's form, but not its
+  content. On 24 held-out 10 s clips, each with a flash in its first half, every reply named a
+  flash, at a start 1.05 s off the target's (median), wherever the flash was; the instrument
+  it said was brought in after the flash was right for 0.46, below always saying "grasper"
+  (0.58). Four exploratory runs of the same design (seeds 0-2; also a clip batch every 4th
+  step, or 4-8 s clips) did no better: 0.21-0.42 right after the flash, and a clip batch every
+  4th step cost the region its small-object target (0.75). At 140x84 a flash is ~7 px across,
+  and the committed VLM, which saw whole frames in training too, says "flash: yes" on 2 of
+  the 14 whole held-out frames showing one: this profile gives a clip no more pixels per frame
+  than the whole-video pass (MAX_PIXELS caps both), unlike the real profiles.
 """
 from __future__ import annotations
 
