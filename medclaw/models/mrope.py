@@ -1,4 +1,4 @@
-"""Qwen2-VL / Qwen2.5-VL multimodal RoPE positions in transformers, laid out as the models and vLLM lay them out.
+"""Qwen2-VL / Qwen2.5-VL multimodal RoPE positions in transformers, laid out as vLLM lays them.
 
     use_reference_positions(model) -> bool     # in place; True when the model needed it
 
@@ -25,9 +25,8 @@ from __future__ import annotations
 import inspect
 import itertools
 
-# model_type -> the multimodal-RoPE layout its reference code uses; only these are wrapped
-REFERENCE_LAYOUT = {"qwen2_vl": "text after vision at max + 1",
-                    "qwen2_5_vl": "text after vision at max + 1"}
+# model_types whose reference code (and vLLM) puts the text after vision at its largest position + 1
+REFERENCE_LAYOUT_MODELS = frozenset({"qwen2_vl", "qwen2_5_vl"})
 TEXT = 0                           # mm_token_type_ids: 0 text, 1 image, 2 video
 
 
@@ -36,7 +35,7 @@ def use_reference_positions(model) -> bool:
     conditional-generation class or its inner model) with `reference_rope_index`. Returns False,
     changing nothing, for other models; wrapping twice is a no-op."""
     inner = getattr(model, "model", model)
-    if getattr(model.config, "model_type", None) not in REFERENCE_LAYOUT:
+    if getattr(model.config, "model_type", None) not in REFERENCE_LAYOUT_MODELS:
         return False
     if not hasattr(inner, "get_rope_index"):
         raise RuntimeError(f"{type(model).__name__} has no get_rope_index: transformers changed "
