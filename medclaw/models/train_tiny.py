@@ -75,10 +75,9 @@ What the experiments on this data showed (held-out region accuracy, 24 questions
   it said was brought in after the flash was right for 0.46, below always saying "grasper"
   (0.58). Four exploratory runs of the same design (seeds 0-2; also a clip batch every 4th
   step, or 4-8 s clips) did no better: 0.21-0.42 right after the flash, and a clip batch every
-  4th step cost the region its small-object target (0.75). At 140x84 a flash is ~7 px across,
-  and the committed VLM, which saw whole frames in training too, says "flash: yes" on 2 of
-  the 14 whole held-out frames showing one: this profile gives a clip no more pixels per frame
-  than the whole-video pass (MAX_PIXELS caps both), unlike the real profiles.
+  4th step cost the region its small-object target (0.75). At 140x84 a flash is ~7 px across:
+  this profile gives a clip no more pixels per frame than the whole-video pass (MAX_PIXELS caps
+  both), unlike the real profiles, where a short range gets far more.
 """
 from __future__ import annotations
 
