@@ -73,9 +73,9 @@ What the experiments on this data showed (held-out region accuracy, 24 questions
   content. On 24 held-out 10 s clips, each with a flash in its first half, every reply named a
   flash, at a start 1.05 s off the target's (median), wherever the flash was; the instrument
   it said was brought in after the flash was right for 0.46, below always saying "grasper"
-  (0.58). Four exploratory runs of the same design (seeds 0-2; also a clip batch every 4th
-  step, or 4-8 s clips) did no better: 0.21-0.42 right after the flash, and a clip batch every
-  4th step cost the region its small-object target (0.75). At 140x84 a flash is ~7 px across:
+  (0.58). Exploratory runs before the benchmark (seeds 0-2; also a clip batch every 4th step,
+  or 4-8 s clips) did no better, and 196x112 clip frames (`--max-pixels 25088`) cost the
+  region its targets (0.29 and 0.58). At 140x84 a flash is ~7 px across:
   this profile gives a clip no more pixels per frame than the whole-video pass (MAX_PIXELS caps
   both), unlike the real profiles, where a short range gets far more.
 """
