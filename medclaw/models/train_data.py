@@ -67,6 +67,13 @@ class Sample:
     def is_video(self) -> bool:
         return self.image.ndim == 4
 
+    def messages(self, **media) -> list[dict]:
+        """The chat the tool sends: the system turn, then the image or video and the prompt.
+        `media` adds keys to the media part (the engine's `uuid`); training renders it as is."""
+        part = {"type": "video" if self.is_video else "image", **media}
+        return [{"role": "system", "content": [{"type": "text", "text": self.system}]},
+                {"role": "user", "content": [part, {"type": "text", "text": self.prompt}]}]
+
 
 def _label(name: str) -> str:
     return name.replace("_", " ")

@@ -224,10 +224,8 @@ def _encode(processor, samples, with_target: bool = True):
 
     texts, targets = [], []
     for s in samples:
-        media = {"type": "video" if s.is_video else "image"}
-        messages = [{"role": "system", "content": [{"type": "text", "text": s.system}]},
-                    {"role": "user", "content": [media, {"type": "text", "text": s.prompt}]}]
-        prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = processor.apply_chat_template(s.messages(), tokenize=False,
+                                               add_generation_prompt=True)
         reply = s.target + "<|im_end|>"
         texts.append(prompt + (reply if with_target else ""))
         targets.append(processor.tokenizer(reply, add_special_tokens=False)["input_ids"])

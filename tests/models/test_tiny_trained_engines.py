@@ -65,11 +65,8 @@ def _served_reply(backend, sample) -> str:
     kind = "video" if sample.is_video else "image"
     item = MediaItem(kind=kind, uuid=f"fidelity-{kind}-{hash(sample.prompt)}", frames=sample.image,
                      fps=sample.fps)
-    request = GenRequest(messages=[
-        {"role": "system", "content": [{"type": "text", "text": sample.system}]},
-        {"role": "user", "content": [{"type": kind, "uuid": item.uuid},
-                                     {"type": "text", "text": sample.prompt}]}],
-        media=[item], max_tokens=T.MAX_NEW_TOKENS, temperature=0.0)
+    request = GenRequest(messages=sample.messages(uuid=item.uuid), media=[item],
+                         max_tokens=T.MAX_NEW_TOKENS, temperature=0.0)
     return asyncio.run(backend.generate_one(request)).text
 
 
