@@ -38,22 +38,18 @@ MAX_NEW_TOKENS = 96          # a clip reply is a few timeline lines
 CLIP_S = 10.0
 
 
-def _after_flash(text: str) -> str | None:
-    """The first "<instrument> brought in" after the first flash line of a timeline, or None."""
+def _read(text: str) -> tuple[float | None, str | None]:
+    """(start of the first flash line, the first "<instrument> brought in" after it) of a
+    timeline, each None when absent; the text is parsed once, as the tool parses it."""
     from medclaw.tools.timeline import parse_timeline
 
-    lines = [e.text for e in parse_timeline(text).entries]
-    first = next((k for k, line in enumerate(lines) if line == "cautery flash"), None)
+    entries = parse_timeline(text).entries
+    first = next((k for k, e in enumerate(entries) if e.text == "cautery flash"), None)
     if first is None:
-        return None
-    return next((line.removesuffix(" brought in") for line in lines[first + 1:]
-                 if line.endswith(" brought in")), None)
-
-
-def _flash_start(text: str) -> float | None:
-    from medclaw.tools.timeline import parse_timeline
-
-    return next((e.start_s for e in parse_timeline(text).entries if e.text == "cautery flash"), None)
+        return None, None
+    after = next((e.text.removesuffix(" brought in") for e in entries[first + 1:]
+                  if e.text.endswith(" brought in")), None)
+    return entries[first].start_s, after
 
 
 def clip_scores(model, processor, videos, spec) -> dict:
@@ -74,9 +70,9 @@ def clip_scores(model, processor, videos, spec) -> dict:
             end = round(min(gt.num_frames / gt.fps, start + CLIP_S), 1)
             sample = clip_sample(video, frames, spec, start, end)
             reply = T.describe(model, processor, sample).strip()
-            said, target = _flash_start(reply), _flash_start(sample.target)
+            (said, said_after), (target, target_after) = _read(reply), _read(sample.target)
             rows.append({"gold": flash["instrument_in_after"]["instrument"].replace("_", " "),
-                         "said": _after_flash(reply), "in_target": _after_flash(sample.target),
+                         "said": said_after, "in_target": target_after,
                          "flash_named": said is not None, "flash_in_target": target is not None,
                          "flash_error": None if said is None or target is None else said - target,
                          "target": sample.target, "reply": reply})

@@ -354,7 +354,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             model = load_vlm(base)
             train = render(tmp, TRAIN_SEEDS, TRAIN_MINUTES)
             held_out = render(tmp, EVAL_SEEDS, EVAL_MINUTES)
-            # the one-shot pass sees a whole video: train it on videos as long as the held-out ones
+            # one-shot requests (and clips) are about videos as long as the held-out ones
             whole = render(tmp, ONESHOT_SEEDS, EVAL_MINUTES) if ONESHOT_EVERY or CLIP_EVERY else None
             groups = [{"params": [p for n, p in model.named_parameters() if ".visual." in f".{n}"],
                        "lr": report.vision_lr},
