@@ -9,9 +9,10 @@ of one kind, interleaved so that each kind sees the same machine load:
 - `recipe`: the recipe's own mix (`train_data.random_sample`: regions, whole frames);
 - `oneshot`: the one-shot baseline's request (`train_data.oneshot_sample`), the whole 12 s
   training video planned at the profile's budgets (1 frame a second);
-- `timeline_2fps`: a 10 s clip of the same video at 2 frames a second at the profile's frame
-  size, the least a clip tool would need to catch a 0.6 s cautery flash, with a one-line target
-  (the clip's visual tokens, not its text, are what costs).
+- `timeline_2fps`: `crop_video` on the first 10 s of the same video at 2 frames a second at the
+  profile's frame size (`train_data.clip_sample`, the request and target clip training uses),
+  the least a clip tool would need to catch a 0.6 s cautery flash (the clip's visual tokens,
+  not its text, are what costs).
 
 JSON: median seconds per step for each kind, its ratio to `recipe`, visual tokens per request,
 and how many steps of each kind fit in the time the recipe's 2400 steps take. One thread, like
@@ -25,24 +26,11 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 CLIP_S = 10.0
 CLIP_FPS = 2.0
-
-
-def _timeline_sample(video, frames, spec):
-    """A CLIP_S-second clip from the start of `video` at CLIP_FPS, planned like a clip tool plans
-    one (`train_data.planned_clip`: the planner at the profile's frame budget)."""
-    from dataclasses import replace
-
-    from medclaw.models.train_data import Sample, planned_clip
-    from medclaw.tools.prompts import TIMELINE_MAX_TOKENS, VIDEO_EXPERT_SYSTEM
-
-    _, plan, clip = planned_clip(video, frames, replace(spec, fps=CLIP_FPS), TIMELINE_MAX_TOKENS,
-                                 0.0, min(CLIP_S, video.gt.num_frames / video.gt.fps))
-    return Sample(VIDEO_EXPERT_SYSTEM, "Describe this clip as a timestamped timeline.",
-                  clip, "2.4 s: flash: yes", fps=plan.fps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoProcessor
 
     from medclaw.models import train_tiny as T
-    from medclaw.models.train_data import oneshot_sample, random_sample, render
+    from medclaw.models.train_data import clip_sample, oneshot_sample, random_sample, render
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         videos = render(tmp, T.TRAIN_SEEDS[:2], T.TRAIN_MINUTES)
         spec = T._Budget()
         video, frames = videos[0]
+        clip_spec = replace(spec, fps=CLIP_FPS)
+        clip_end = min(CLIP_S, video.gt.num_frames / video.gt.fps)
         makers = {
             "recipe": lambda: random_sample(videos, spec, rng, 0.0),
             "oneshot": lambda: oneshot_sample(video, frames, spec, "small_object", 3.0),
-            "timeline_2fps": lambda: _timeline_sample(video, frames, spec),
+            "timeline_2fps": lambda: clip_sample(video, frames, clip_spec, 0.0, clip_end),
         }
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
         model.train()
