@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-# Before anything reads them: an isolated home and a small CPU KV cache (the tiny models need a
-# few MiB, not vLLM's default fraction of RAM per engine).
+# Before anything reads them: an isolated home and a small CPU KV cache for every engine (the tiny
+# profiles set 1 GiB themselves; a spec a test builds would otherwise get a fraction of RAM).
 os.environ["MEDCLAW_HOME"] = tempfile.mkdtemp(prefix="medclaw-test-home-")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -154,21 +154,6 @@ def trained_specs(tiny_models):
     return load_models(profile="tiny-trained")
 
 
-@pytest.fixture(scope="module")
-def trained_engines(trained_specs, llm_engine):
-    """In-process vLLM engines on the trained miniature, role → backend; the judge is the
-    profile's untrained tiny LLM, served by the session's `llm_engine`. Module-scoped: two more
-    engines for the whole session would hold their memory through every later engine test."""
-    from medclaw.engine.backends.vllm_local import VLLMBackend
-
-    orchestrator = VLLMBackend(trained_specs["orchestrator"])
-    vlm = VLLMBackend(trained_specs["video_expert"])
-    yield {"orchestrator": orchestrator, "video_expert": vlm, "frame_verifier": vlm,
-           "judge": llm_engine}
-    orchestrator.shutdown()
-    vlm.shutdown()
-
-
 @pytest.fixture
 def serve_roles_with(monkeypatch):
     """`serve_roles_with(backends)`: from now on, commands resolve their models, KB and skills for
@@ -199,12 +184,6 @@ def on_session_engines(serve_roles_with, llm_engine, vlm_engine) -> list:
     """Commands run on the session's tiny engines (see `serve_roles_with`)."""
     return serve_roles_with({"orchestrator": llm_engine, "judge": llm_engine,
                              "video_expert": vlm_engine, "frame_verifier": vlm_engine})
-
-
-@pytest.fixture
-def on_trained_engines(serve_roles_with, trained_engines) -> list:
-    """Commands run on the trained miniature's engines (see `serve_roles_with`, `trained_engines`)."""
-    return serve_roles_with(trained_engines)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """`medclaw demo`: synth zoom video → KB from the shipped corpus → the video's first small-object
 question → summary with the ground truth, right or wrong, and the evidence frames. The engine run
-is on the committed trained miniature (`tiny-trained`) and must be right with the right evidence:
-a regression in frames, prompts or caching shows up there as a wrong answer. The other run
-scripts the orchestrator (agent-logic fake) on random-weight labelling."""
+is `make demo`'s own command, on the committed trained miniature (`tiny-trained`), and must be
+right with the right evidence: a regression in frames, prompts, caching or engine settings shows
+up there as a wrong answer or a failed run. The other run scripts the orchestrator (agent-logic
+fake) on random-weight labelling."""
 from __future__ import annotations
 
 import json
@@ -62,13 +63,26 @@ def test_demo_pipeline_and_summary(medclaw, serve_roles_with, tmp_path, capsys):
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_demo_on_the_trained_miniature_is_right_with_its_evidence(medclaw, on_trained_engines,
-                                                                   tmp_path, capsys):
+def test_make_demo_is_right_with_its_evidence(tmp_path, capsys):
+    """`make demo`'s command in a process of its own, on the profile's own engine settings: the
+    test suite's KV-cache override (`VLLM_CPU_KVCACHE_SPACE`, conftest) is removed, so engines
+    start as they do for a user (they once failed there while every test passed)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from medclaw.cli.demo import _print
+    from medclaw.engine.trace import Trace
+
     out_dir = tmp_path / "demo"
-    assert medclaw(["demo", "--out-dir", str(out_dir), "--json"]) == 0
-    captured = capsys.readouterr()
-    summary = json.loads(captured.out)
-    assert "TRAINED MINIATURE" in captured.err and summary["label"] == TRAINED_LABEL
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    command = Path(sys.executable).with_name("medclaw")           # the venv's, as `make demo`
+    run = subprocess.run([str(command), "demo", "--out-dir", str(out_dir), "--json"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "TRAINED MINIATURE" in run.stderr and summary["label"] == TRAINED_LABEL
     gt = json.loads((out_dir / "demo-procedure.json").read_text())
     qa = next(q for q in gt["zoom"]["qa"] if q["kind"] == DEMO_KIND)
     assert summary["status"] == "answered", summary
@@ -85,7 +99,7 @@ def test_demo_on_the_trained_miniature_is_right_with_its_evidence(medclaw, on_tr
         cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
         x1, y1, x2, y2 = frame["crop_box"]
         assert x1 <= cx <= x2 and y1 <= cy <= y2
-    # and the human-readable run prints the same verdict
-    assert medclaw(["demo", "--out-dir", str(out_dir)]) == 0
+    # and the human-readable summary prints the same verdict
+    _print(summary, Trace.load(summary["trace"]))
     out = capsys.readouterr().out
     assert "Right:        yes" in out and "Evidence:     crop_video_frame" in out

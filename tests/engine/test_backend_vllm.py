@@ -194,3 +194,21 @@ async def test_resized_frames_are_a_fidelity_error(vlm_engine, random_clip):
     planned = int(str(info.value).split("planned ")[1].split(" ")[0])
     reported = int(str(info.value).split("saw ")[1].split(" ")[0])
     assert reported - planned == 2 * (64 - 49)
+
+
+@engine_test
+def test_an_engine_that_cannot_start_is_a_one_line_error(tiny_llm_spec, monkeypatch):
+    """vLLM's own start failure (here a KV cache larger than the machine) is one RunFailedError
+    line naming the model, not vLLM's traceback; the test suite's KV override is removed so the
+    spec's own size reaches the engine."""
+    from dataclasses import replace
+
+    from medclaw.engine.backends.vllm_local import VLLMBackend
+    from medclaw.errors import RunFailedError
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    spec = replace(tiny_llm_spec, extra={**tiny_llm_spec.extra, "kv_cache_memory_bytes": 1 << 50})
+    with pytest.raises(RunFailedError, match="the vLLM engine did not start") as caught:
+        VLLMBackend(spec)
+    message = str(caught.value)
+    assert "\n" not in message and repr(spec.name) in message

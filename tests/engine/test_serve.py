@@ -117,7 +117,9 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
     yields (base URL, the config file it printed, the server's model store)."""
     root = tmp_path_factory.mktemp("serve")
     models_dir = root / "models"
-    env = dict(os.environ, MEDCLAW_MODELS_DIR=str(models_dir), VLLM_CPU_KVCACHE_SPACE="1")
+    # the server sizes its KV cache as a user's would (the suite's override removed)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env["MEDCLAW_MODELS_DIR"] = str(models_dir)
     medclaw = [sys.executable, "-c", "import sys; from medclaw.cli import main; sys.exit(main())"]
     subprocess.run(medclaw + ["models", "import", PRESET, str(tiny_models.vlm)], env=env,
                    check=True, capture_output=True, timeout=300)

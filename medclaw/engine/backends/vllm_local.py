@@ -41,7 +41,7 @@ from medclaw.engine.backends.base import (
     media_in_order, render_prompt, set_offline_env, video_metadata,
 )
 from medclaw.requests.output_format import split_output
-from medclaw.errors import ConfigError, EngineLostError, first_line
+from medclaw.errors import ConfigError, EngineLostError, RunFailedError, first_line
 from medclaw.models.quantization import check_vllm_loaded, vllm_quantization
 from medclaw.models.spec import ModelSpec
 from medclaw.types import GenRequest, GenResult
@@ -143,7 +143,13 @@ class VLLMBackend(Backend):
             args = AsyncEngineArgs(**kwargs)
         except TypeError as err:
             raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
-        self._engine = AsyncLLM.from_engine_args(args)
+        try:
+            self._engine = AsyncLLM.from_engine_args(args)
+        except RuntimeError as err:
+            # vLLM's engine process has already logged the root cause above (e.g. too little
+            # memory for the KV cache it was asked for); one line here instead of its traceback.
+            raise RunFailedError(f"model {self.spec.name!r}: the vLLM engine did not start "
+                                 f"({first_line(err)}); its log above says why") from None
         self.block_size = self._engine.vllm_config.cache_config.block_size
         self.prefix_caching = bool(self._engine.vllm_config.cache_config.enable_prefix_caching)
         # what vLLM really loaded: a quantisation asked for and not applied is an error
