@@ -59,11 +59,11 @@ too), seed 0: 64 training videos (1000-1063) instead of 16, the same 640 episode
 8.2 written 0.2); 15 % of episodes asking an integer time (this recipe writes 8 s as 2), 0.04
 and 0.08; 2560 episodes instead of 640, 0.40 and 0.42 (16 videos), 0.00 and 0.00 (64 videos).
 Within 800 steps the copy seems learnt only on episodes seen many times (~20 each here). Twice
-the steps (1600, ~31 minutes beside another run, over the budget): 0.94 and 0.73 on 640 episodes, 0.88 and 0.90 on
-1280. So the target needs more steps than 20 minutes give this model, and one 48-episode set
-can be off by 0.2 either way. bf16 autocast for the loss (1.6x faster than float32 on one
-padded 8x1500 batch of this model here) made the real step only ~5 % faster, and scored
-0.71 and 0.63 at 800 steps.
+the steps (1600, ~31 minutes beside another run, over the budget): 0.94 and 0.73 on 640
+episodes, 0.88 and 0.90 on 1280. So the target needs more steps than 20 minutes give this
+model, and one 48-episode set can be off by 0.2 either way. bf16 autocast for the loss (1.6x
+faster than float32 on one padded 8x1500 batch of this model here) made the real step only
+~5 % faster, and scored 0.71 and 0.63 at 800 steps.
 It takes ~20 minutes on one thread of a 2-core machine (report `wall_s`), the longer of the two
 runs `train-tiny` overlaps: the VLM's takes ~11 alone, but on the other core the whole time it
 costs this one memory bandwidth (17 minutes beside an earlier 7-minute VLM recipe).
