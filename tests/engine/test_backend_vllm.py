@@ -40,6 +40,26 @@ def test_engine_kwargs_from_spec(tiny_models):
     assert "block_size" not in engine_kwargs(llm, on_cpu=False)               # GPU: vLLM's default
 
 
+def test_a_cpu_engine_gets_a_fixed_kv_cache_of_its_model(tiny_models):
+    """On CPU, four max_model_len sequences of the model's own K and V (16-bit), never a RAM
+    fraction; an explicit `extra` size wins; a GPU engine keeps gpu_memory_utilization."""
+    import json
+
+    from medclaw.engine.backends.vllm_local import CPU_KV_SEQUENCES, engine_kwargs
+    from medclaw.models.spec import ModelSpec
+
+    config = json.loads((tiny_models.llm / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
+    llm = ModelSpec(name="l", path=str(tiny_models.llm), max_model_len=2048)
+    assert engine_kwargs(llm, on_cpu=True)["kv_cache_memory_bytes"] == per_token * 2048 * CPU_KV_SEQUENCES
+    on_gpu = engine_kwargs(llm, on_cpu=False)
+    assert "kv_cache_memory_bytes" not in on_gpu
+    assert on_gpu["gpu_memory_utilization"] == llm.gpu_memory_utilization
+    explicit = ModelSpec(name="l", path=str(tiny_models.llm), extra={"kv_cache_memory_bytes": 12345})
+    assert engine_kwargs(explicit, on_cpu=True)["kv_cache_memory_bytes"] == 12345
+
+
 @engine_test
 async def test_video_request_accounting(vlm_engine, tiny_vlm_spec, random_clip):
     from medclaw.models.store import revision_hash
@@ -197,16 +217,14 @@ async def test_resized_frames_are_a_fidelity_error(vlm_engine, random_clip):
 
 
 @engine_test
-def test_an_engine_that_cannot_start_is_a_one_line_error(tiny_llm_spec, monkeypatch):
+def test_an_engine_that_cannot_start_is_a_one_line_error(tiny_llm_spec):
     """vLLM's own start failure (here a KV cache larger than the machine) is one RunFailedError
-    line naming the model, not vLLM's traceback; the test suite's KV override is removed so the
-    spec's own size reaches the engine."""
+    line naming the model, not vLLM's traceback."""
     from dataclasses import replace
 
     from medclaw.engine.backends.vllm_local import VLLMBackend
     from medclaw.errors import RunFailedError
 
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     spec = replace(tiny_llm_spec, extra={**tiny_llm_spec.extra, "kv_cache_memory_bytes": 1 << 50})
     with pytest.raises(RunFailedError, match="the vLLM engine did not start") as caught:
         VLLMBackend(spec)

@@ -98,6 +98,22 @@ def test_serve_refuses_what_vllm_cannot_load_on_this_device(tiny_vlm_spec):
     assert command[command.index("--quantization") + 1] == "bitsandbytes"
 
 
+def test_a_cpu_server_gets_the_in_process_engines_kv_cache(tiny_vlm_spec):
+    """The server's KV cache on CPU is the in-process engine's fixed size (a RAM fraction failed
+    on hosts with small NUMA nodes); on a GPU vLLM sizes it from gpu_memory_utilization."""
+    import dataclasses
+
+    from medclaw.engine.backends.vllm_local import cpu_kv_cache_bytes, engine_kwargs
+    from medclaw.models.serve import ServeOptions, server_command
+
+    spec = dataclasses.replace(tiny_vlm_spec, extra={})        # no size of the profile's
+    command = server_command(spec, ServeOptions(on_cpu=True))
+    size = int(command[command.index("--kv-cache-memory-bytes") + 1])
+    assert size == engine_kwargs(spec, on_cpu=True)["kv_cache_memory_bytes"] == cpu_kv_cache_bytes(spec)
+    assert 0 < size < 2**30                                    # tiny model: a few MB
+    assert "--kv-cache-memory-bytes" not in server_command(spec, ServeOptions(on_cpu=False))
+
+
 def test_a_false_engine_argument_is_passed_as_no_flag(tiny_vlm_spec):
     """extra `enable_prefix_caching: false` must reach the server (its default is on)."""
     import dataclasses
@@ -117,8 +133,7 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
     yields (base URL, the config file it printed, the server's model store)."""
     root = tmp_path_factory.mktemp("serve")
     models_dir = root / "models"
-    # the server sizes its KV cache as a user's would (the suite's override removed)
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env = dict(os.environ)
     env["MEDCLAW_MODELS_DIR"] = str(models_dir)
     medclaw = [sys.executable, "-c", "import sys; from medclaw.cli import main; sys.exit(main())"]
     subprocess.run(medclaw + ["models", "import", PRESET, str(tiny_models.vlm)], env=env,
@@ -225,6 +240,20 @@ async def test_stage2_reuses_the_kv_without_reuploading(remote, served):
     # the per-request figures are the server's own counters
     hits = metric(served[0], "vllm:prefix_cache_hits_total") - hits_before
     assert hits == first.num_cached_tokens + second.num_cached_tokens
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_is_cpu_build(), reason="the CPU build's fixed KV cache")
+def test_the_cpu_server_runs_with_the_fixed_kv_cache(served):
+    """What the CPU worker logged it reserved is the model's fixed size, not a RAM fraction."""
+    from medclaw.engine.backends.vllm_local import cpu_kv_cache_bytes
+    from medclaw.models.serve import resolve_served_model
+
+    size = cpu_kv_cache_bytes(resolve_served_model(PRESET))
+    log = served[2].read_text(errors="replace")
+    assert f"Explicitly set ({round(size / 2**30, 2)}/" in log, log[-2000:]
+    assert "Auto set" not in log
 
 
 @pytest.mark.engine

@@ -53,12 +53,26 @@ DEFAULT_MM_LIMITS = {"video": 2, "image": 8}
 # 127 tokens of every shared prefix would be recomputed. 32 is the smallest size the CPU attention
 # runs at full speed (it prefers multiples of 32). GPUs keep vLLM's own default (16).
 CPU_BLOCK_SIZE = 32
+# vLLM's CPU build otherwise sizes its KV cache as gpu_memory_utilization of the NUMA node's RAM
+# less what the worker already holds: on a 20 GB node 0.05 came out negative and no engine
+# started. A CPU engine gets a fixed size instead (`cpu_kv_cache_bytes`): this many sequences of
+# max_model_len tokens. In eager mode an explicit size also skips the CPU worker's warm-up pass.
+CPU_KV_SEQUENCES = 4
 # vLLM's CPU build runs the model worker in a process of its own below the engine core. Running it
 # inside the engine core instead (executor "uni", V1 multiprocessing off) starts an engine in 0.65x
 # the time but serves 8 concurrent requests 2.3x slower (benchmarks/engine_start.py,
 # benchmarks/results/cpu-2core-engine-start.json), so vLLM's default stays.
 START_TIMEOUT_S = 1800.0
 SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def cpu_kv_cache_bytes(spec: ModelSpec) -> int:
+    """The KV cache a CPU engine of `spec` gets: CPU_KV_SEQUENCES full-length sequences of its
+    architecture (read from the model folder), in 16-bit K and V."""
+    from medclaw.models.model_size import architecture_of_spec, kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(architecture_of_spec(spec), spec.tensor_parallel_size)
+    return per_token * spec.max_model_len * CPU_KV_SEQUENCES
 
 
 def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
@@ -81,6 +95,7 @@ def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
         kwargs["limit_mm_per_prompt"] = dict(DEFAULT_MM_LIMITS)
     if on_cpu:
         kwargs["block_size"] = CPU_BLOCK_SIZE
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(spec)
     kwargs.update(spec.extra)
     return kwargs
 
