@@ -135,6 +135,9 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
     models_dir = root / "models"
     env = dict(os.environ)
     env["MEDCLAW_MODELS_DIR"] = str(models_dir)
+    # vLLM's own log level, as in a user's shell: an in-process engine of an earlier test set
+    # WARNING in this process, which would hide the INFO lines a test reads
+    env.pop("VLLM_LOGGING_LEVEL", None)
     medclaw = [sys.executable, "-c", "import sys; from medclaw.cli import main; sys.exit(main())"]
     subprocess.run(medclaw + ["models", "import", PRESET, str(tiny_models.vlm)], env=env,
                    check=True, capture_output=True, timeout=300)
