@@ -54,7 +54,6 @@ def first_losses(steps: int, seed: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from medclaw.models import train_orchestrator as O
     from medclaw.models import train_tiny as T
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
