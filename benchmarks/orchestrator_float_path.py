@@ -55,6 +55,7 @@ def first_losses(steps: int, seed: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     from medclaw.models import train_tiny as T
+    from medclaw.models.train_orchestrator import loss_log_every
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     committed = json.loads((T.COMMITTED / "train-report.json").read_text())
     orchestrator = committed["orchestrator"]
-    every = max(1, orchestrator["steps"] // len(orchestrator["losses"]))   # as the report logs
+    every = loss_log_every(orchestrator["steps"])
     if not 0 < args.steps <= orchestrator["steps"]:
         parser.error(f"--steps must be 1..{orchestrator['steps']}")
     losses = first_losses(args.steps, committed["seed"])

@@ -419,6 +419,11 @@ def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: boo
     return report
 
 
+def loss_log_every(steps: int) -> int:
+    """The report keeps every loss_log_every(steps)-th step's loss (about 50 of them)."""
+    return max(1, steps // 50)
+
+
 def fit(out: Path, played: list, *, seed: int = 0, steps: int = STEPS, batch: int = BATCH,
         lr: float = LR, sizes: dict | None = None, progress: bool = True, rng=None,
         bar_line: int = 0) -> dict:
@@ -496,5 +501,5 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
     report["train_s"] = round(time.monotonic() - started, 1)
     report["loss_first"] = round(float(np.mean(losses[:20])), 4)
     report["loss_last"] = round(float(np.mean(losses[-20:])), 4)
-    report["losses"] = [round(v, 4) for v in losses[::max(1, steps // 50)]]
+    report["losses"] = [round(v, 4) for v in losses[::loss_log_every(steps)]]
     return report
