@@ -44,6 +44,7 @@ def test_the_committed_orchestrator_is_this_recipes():
     orchestrator = _report()["orchestrator"]
     assert orchestrator["steps"] == O.STEPS and orchestrator["lr"] == O.LR
     assert orchestrator["batch"] == O.BATCH and orchestrator["short_with_full"] == O.SHORT_WITH_FULL
+    assert orchestrator.get("digit_weight", 1.0) == O.DIGIT_WEIGHT   # reports before it: off
     assert orchestrator["eval_seeds"] == list(O.EVAL_SEEDS) == _report()["eval_seeds"]
     assert orchestrator["held_out"]["episodes"] == 4 * len(O.EVAL_SEEDS)   # 2 questions per kind
 

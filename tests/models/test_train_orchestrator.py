@@ -171,6 +171,53 @@ def test_the_fast_losses_equal_transformers_own_loss():
         assert all(torch.allclose(g, w, rtol=1e-3, atol=1e-6) for g, w in zip(grads(loss), want))
 
 
+def test_the_weighted_loss_is_the_weighted_mean_over_reply_tokens():
+    """With `token_weights`, both fast losses are the mean of every reply token's cross-entropy
+    weighted by its target's weight (computed here from the model's full logits); weights of 1
+    give the plain loss."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, max_position_embeddings=256, **SMALL))
+    rng = np.random.default_rng(1)
+    prefix = tuple(int(x) for x in rng.integers(1, 64, size=30))
+    rows = [([int(x) for x in rng.integers(1, 64, size=n)], None) for n in (9, 16, 4)]
+    rows = [(ids, [-100] * 2 + ids[2:]) for ids, _ in rows]
+    whole = [(list(prefix) + ids, [-100] * len(prefix) + labels) for ids, labels in rows]
+    weights = torch.ones(64)
+    weights[[rows[0][0][2], rows[1][0][5]]] = 5.0                  # two reply tokens weigh more
+
+    with torch.no_grad():
+        num = den = 0.0
+        for ids, labels in whole:
+            logits = model(input_ids=torch.tensor([ids])).logits[0]           # (S, V)
+            for k in range(1, len(ids)):
+                if labels[k] != -100:
+                    w = float(weights[labels[k]])
+                    num += w * float(torch.nn.functional.cross_entropy(logits[k - 1], torch.tensor(labels[k])))
+                    den += w
+        want = num / den
+        for loss in (T.rows_loss(model, whole, 0, chunks=2, weights=weights),
+                     T.prefix_loss(model, prefix, rows, 0, weights=weights)):
+            assert abs(float(loss) - want) < 1e-5
+        plain = T.rows_loss(model, whole, 0)
+        assert abs(float(T.rows_loss(model, whole, 0, weights=torch.ones(64))) - float(plain)) < 1e-6
+        assert abs(float(plain) - want) > 1e-3                  # the weights do change the loss
+
+
+def test_token_weights_weigh_the_ten_digits(cases, root, tmp_path):
+    """The weights: the digit weight on each digit token of the trained tokenizer, 1 on the
+    rest; a reply's time is written with those tokens."""
+    played = _play(cases[:1], root)
+    _, tokenizer, _, _ = T.build_rows(tmp_path / "llm", played, seed=0)
+    weights = T.token_weights(tokenizer, 3.0)
+    heavy = {tokenizer.convert_ids_to_tokens(i) for i in range(len(weights)) if weights[i] != 1}
+    assert heavy == set("0123456789") and float(weights.max()) == 3.0
+    time_ids = tokenizer(f'"time_s":{D.number(cases[0].time_s)}', add_special_tokens=False)["input_ids"]
+    assert sum(float(weights[i]) > 1 for i in time_ids) == len(str(D.number(cases[0].time_s)).replace(".", ""))
+
+
 def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     """Two episodes (one per kind) learnt by heart, replayed by vLLM with constrained decoding."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
