@@ -182,8 +182,8 @@ def test_the_weighted_loss_is_the_weighted_mean_over_reply_tokens():
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, max_position_embeddings=256, **SMALL))
     rng = np.random.default_rng(1)
     prefix = tuple(int(x) for x in rng.integers(1, 64, size=30))
-    rows = [([int(x) for x in rng.integers(1, 64, size=n)], None) for n in (9, 16, 4)]
-    rows = [(ids, [-100] * 2 + ids[2:]) for ids, _ in rows]
+    suffixes = [[int(x) for x in rng.integers(1, 64, size=n)] for n in (9, 16, 4)]
+    rows = [(ids, [-100] * 2 + ids[2:]) for ids in suffixes]            # a reply after a user turn
     whole = [(list(prefix) + ids, [-100] * len(prefix) + labels) for ids, labels in rows]
     weights = torch.ones(64)
     weights[[rows[0][0][2], rows[1][0][5]]] = 5.0                  # two reply tokens weigh more
