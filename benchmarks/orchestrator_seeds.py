@@ -31,15 +31,13 @@ def _one(seed: int, digit_weight: float) -> dict:
     from pathlib import Path
 
     from medclaw.models import train_orchestrator as O
-    from medclaw.models.orchestrator_data import question_cases, render_videos
     from medclaw.models.train_tiny import machine
 
     O.DIGIT_WEIGHT = digit_weight
     with tempfile.TemporaryDirectory(prefix="medclaw-orch-seed-") as tmp:
         report = O.train_orchestrator(Path(tmp) / "llm", seed=seed, progress=False)
         root = Path(tmp) / "second-set"
-        cases = question_cases(render_videos(root, SECOND_SET, O.EVAL_MINUTES))
-        second, _ = asyncio.run(O.evaluate(Path(tmp) / "llm", cases, root))
+        second, _ = asyncio.run(O.evaluate(Path(tmp) / "llm", O.held_out_cases(root, SECOND_SET), root))
     return {"seed": seed, "digit_weight": report["digit_weight"], "held_out": report["held_out"],
             "held_out_5100": second, "loss_last": report["loss_last"], "train_s": report["train_s"],
             "machine": machine()}

@@ -395,10 +395,11 @@ def score(episodes, specs: list[dict]) -> dict:
             "episodes": len(every)}
 
 
-def held_out_cases(root: Path) -> list:
+def held_out_cases(root: Path, seeds=EVAL_SEEDS) -> list:
+    """The zoom questions of held-out videos `seeds` (EVAL_MINUTES long), rendered under `root`."""
     from medclaw.models.orchestrator_data import question_cases, render_videos
 
-    return question_cases(render_videos(root, EVAL_SEEDS, EVAL_MINUTES))
+    return question_cases(render_videos(root, seeds, EVAL_MINUTES))
 
 
 async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict, list]:
