@@ -3,7 +3,11 @@ trained alone (`train_tiny(..., orchestrator=False)`) for several seeds, each sc
 held-out seeds as train-tiny scores it (whole frame, region, one-shot request). JSON on stdout.
 
     python benchmarks/tiny_vlm_seeds.py --seeds 0 1 2 3 4 [--steps 2400] [--lr 1.5e-3] [--jobs 2]
-        > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
+        [--min-pixels 7056] > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
+
+`--min-pixels` trains and scores the VLM with regions of at least that many pixels instead of
+the profile's (`train_tiny.MIN_PIXELS`); each run reports, per question kind and view, what
+the VLM read for each gold answer (`confusion`), so a name never said shows.
 
 Each run is a spawned process on one thread (`train_tiny.THREADS`), `--jobs` at a time (one per
 core). Same seed, same machine: the same weights as the VLM of `train-tiny --seed S`, whose
@@ -19,13 +23,15 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 
-def _one(seed: int, steps: int, lr: float | None) -> dict:
-    from medclaw.models.train_tiny import train_tiny
+def _one(seed: int, steps: int, lr: float | None, min_pixels: int) -> dict:
+    from medclaw.models import train_tiny as T
 
+    T.MIN_PIXELS = min_pixels           # in this spawned process only
     with tempfile.TemporaryDirectory(prefix="medclaw-vlm-seed-") as tmp:
-        report = train_tiny(tmp, seed=seed, steps=steps, progress=False, lr=lr, orchestrator=False)
+        report = T.train_tiny(tmp, seed=seed, steps=steps, progress=False, lr=lr, orchestrator=False)
     return {"seed": seed, "steps": steps, "lr": lr, "accuracy": report.accuracy,
-            "loss_last": report.loss_last, "wall_s": report.wall_s}
+            "confusion": report.confusion, "loss_last": report.loss_last,
+            "wall_s": report.wall_s, "machine": report.machine}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=T.STEPS, help=f"VLM steps (default {T.STEPS})")
     parser.add_argument("--lr", type=float, default=None,
                         help=f"one rate for the whole VLM (default: the recipe's, {T.LR})")
+    parser.add_argument("--min-pixels", type=int, default=T.MIN_PIXELS,
+                        help=f"least pixels of a region the VLM sees (default the profile's, "
+                             f"{T.MIN_PIXELS}; 7056 sends a 32x32 region at 84x84)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
+    if not 0 < args.min_pixels <= T.MAX_PIXELS:
+        parser.error(f"--min-pixels must be in 1..{T.MAX_PIXELS} (the profile's max_pixels)")
     context = multiprocessing.get_context("spawn")
+    n = len(args.seeds)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-        runs = list(pool.map(_one, args.seeds, [args.steps] * len(args.seeds),
-                             [args.lr] * len(args.seeds)))
+        runs = list(pool.map(_one, args.seeds, [args.steps] * n, [args.lr] * n,
+                             [args.min_pixels] * n))
     json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH,
-                          "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH},
+                          "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH,
+                          "min_pixels": args.min_pixels},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()
     return 0

@@ -181,6 +181,8 @@ class TrainReport:
     # held-out accuracy per question kind and view: {"small_object": {"frame": .., "region": ..}}
     accuracy: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
+    # what was read for each gold answer: {"small_object": {"region": {"gauze tag": {"needle": 6}}}}
+    confusion: dict = field(default_factory=dict)
     # the orchestrator's own report (models.train_orchestrator): steps, losses, held-out actions
     orchestrator: dict = field(default_factory=dict)
     targets_met: bool = False         # TARGETS on the region for every kind, and the orchestrator's
@@ -193,12 +195,14 @@ class TrainReport:
 
 @dataclass(slots=True, frozen=True)
 class _Budget:                      # the fields of a ModelSpec that image and clip sizing read
-    min_pixels: int = MIN_PIXELS
-    max_pixels: int = MAX_PIXELS
-    total_pixels: int = TOTAL_PIXELS
-    fps: float = VIDEO_FPS
-    max_frames: int = MAX_FRAMES
-    max_model_len: int = MAX_MODEL_LEN
+    # the module's constants when a budget is made (not when this class was defined), so a
+    # benchmark that sets one (tiny_vlm_seeds.py --min-pixels) trains and scores at it
+    min_pixels: int = field(default_factory=lambda: MIN_PIXELS)
+    max_pixels: int = field(default_factory=lambda: MAX_PIXELS)
+    total_pixels: int = field(default_factory=lambda: TOTAL_PIXELS)
+    fps: float = field(default_factory=lambda: VIDEO_FPS)
+    max_frames: int = field(default_factory=lambda: MAX_FRAMES)
+    max_model_len: int = field(default_factory=lambda: MAX_MODEL_LEN)
 
 
 def build_base(folder: Path, seed: int) -> None:
@@ -306,15 +310,19 @@ def describe(model, processor, sample) -> str:
     return processor.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)[0]
 
 
-def evaluate(model, processor, videos, budget=_Budget()) -> tuple[dict, dict]:
+def evaluate(model, processor, videos, budget=None) -> tuple[dict, dict, dict]:
     """Held-out accuracy on each zoom question: the field it needs read from the whole frame and
-    from the region (the frame tools), and the answer of the one-shot pass over the whole video."""
+    from the region (the frame tools), and the answer of the one-shot pass over the whole video.
+    Returns (accuracy, counts, confusion): confusion[kind][view][gold answer][what was read]
+    counts replies, so a name the model never says (a dead class) shows at a glance."""
     from medclaw.eval.oneshot import split_answer
     from medclaw.models.train_data import QUERIES, frame_sample, oneshot_sample, read_field, region_sample
 
+    budget = budget or _Budget()
     fields = {"small_object": "small object", "look_alike": "left instrument"}
     queries = {"small_object": QUERIES[0], "look_alike": QUERIES[1]}     # what the tool is asked
     hits: dict = {}
+    confusion: dict = {}
     for video, frames in videos:
         gt = video.gt
         for q in gt.zoom["qa"]:
@@ -330,9 +338,11 @@ def evaluate(model, processor, videos, budget=_Budget()) -> tuple[dict, dict]:
                 said = (split_answer(reply)[0].strip().lower() if view == "oneshot"
                         else read_field(reply, fields[q["kind"]]))
                 hits.setdefault(q["kind"], {}).setdefault(view, []).append(said == q["answer"])
+                read = confusion.setdefault(q["kind"], {}).setdefault(view, {}).setdefault(q["answer"], {})
+                read[said or "(no answer)"] = read.get(said or "(no answer)", 0) + 1
     accuracy = {k: {v: round(sum(h) / len(h), 4) for v, h in views.items()} for k, views in hits.items()}
     counts = {k: len(views["frame"]) for k, views in hits.items()}
-    return accuracy, counts
+    return accuracy, counts, confusion
 
 
 def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True,
@@ -393,7 +403,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
             model.to(dtype=torch.bfloat16).save_pretrained(vlm, safe_serialization=True)
             # score what was saved (bf16), in float32 like a CPU engine computes
             saved = load_vlm(vlm).eval()
-            report.accuracy, report.counts = evaluate(saved, processor, held_out)
+            report.accuracy, report.counts, report.confusion = evaluate(saved, processor, held_out)
         report.orchestrator = background.result() if background else {}
     finally:
         torch.set_num_threads(threads)

@@ -241,6 +241,25 @@ def test_clip_steps_are_crop_video_requests_of_their_own(videos, monkeypatch):
     assert sum("cautery flash" in s.target for s in clips) >= 0.5 * len(clips)
 
 
+def test_the_report_counts_what_was_read_for_each_answer(base, videos, monkeypatch):
+    """`confusion` holds every reply once, agrees with `accuracy`, and shows a name the model
+    never says: here a model that always reads "needle" and "bipolar"."""
+    _, processor = base
+    monkeypatch.setattr(T, "describe", lambda model, processor, sample:
+                        "small object: needle\nleft instrument: bipolar")
+    accuracy, counts, confusion = T.evaluate(None, processor, videos)
+    gt = videos[0][0].gt
+    for kind, views in confusion.items():
+        golds = {q["answer"] for q in gt.zoom["qa"] if q["kind"] == kind}
+        for view, table in views.items():
+            assert set(table) == golds
+            assert sum(sum(read.values()) for read in table.values()) == counts[kind]
+            right = sum(read.get(gold, 0) for gold, read in table.items())
+            assert round(right / counts[kind], 4) == accuracy[kind][view]
+    assert all(set(read) == {"needle"} for read in confusion["small_object"]["region"].values())
+    assert all(set(read) == {"bipolar"} for read in confusion["look_alike"]["frame"].values())
+
+
 def test_manifest_detects_a_changed_file(tmp_path):
     (tmp_path / "vlm").mkdir()
     (tmp_path / "vlm" / "a.bin").write_bytes(b"weights")
