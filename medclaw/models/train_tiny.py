@@ -28,9 +28,11 @@ the report's `machine` says which. On another CPU the float reductions differ in
 and training amplifies that, into the scores too. On an AMD EPYC (Zen 4, AVX512) host seed 0's
 orchestrator scored 0.10 of the held-out actions, not the committed 0.83, its losses equal for
 48 steps (MKL_CBWR and ONEDNN_MAX_CPU_ISA changed no bit there, ATEN_CPU_CAPABILITY=avx2 gave
-yet another path, 0.54; `train_orchestrator.DIGIT_WEIGHT` 3 makes it far steadier, off for now);
-and seed 0's VLM there read small objects from the region at 0.75, not 1.00 (README,
-"Reproducing").
+yet another path, 0.54; `train_orchestrator.DIGIT_WEIGHT` 3 lifts some paths, not all, off);
+and seed 0's VLM there read small objects from the region at 0.75, not 1.00: it never said
+"gauze tag" (the report's `confusion`), on training videos either. Regions of at least 84x84
+put a small object inside one visual token rather than on the corner of four (MIN_PIXELS);
+that changes the orchestrator's observations too, so it is not adopted (README, "Reproducing").
 
 Not trained: the video expert's timelines (view_full_video, crop_video), so questions that need
 them (before/after, counts) are out of the miniature's reach (CLIP_EVERY > 0 trains crop_video

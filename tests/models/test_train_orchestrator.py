@@ -225,7 +225,7 @@ def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     chosen = [next(c for c in cases if c.kind == kind) for kind in D.KINDS]
     played = _play(chosen, root)
     folder = root / "llm"
-    report = T.fit(folder, played, steps=200, batch=len(played) * 2, lr=5e-3, sizes=SMALL,
+    report = T.fit(folder, played, steps=120, batch=len(played) * 2, lr=5e-3, sizes=SMALL,
                    progress=False, rng=np.random.default_rng(0))
     assert report["loss_last"] < 0.02 < report["loss_first"]
 
