@@ -31,8 +31,8 @@ orchestrator scored 0.10 of the held-out actions, not the committed 0.83, its lo
 yet another path, 0.54; `train_orchestrator.DIGIT_WEIGHT` 3 lifts some paths, not all, off);
 and seed 0's VLM there read small objects from the region at 0.75, not 1.00: it never said
 "gauze tag" (the report's `confusion`), on training videos either. Regions of at least 84x84
-put a small object inside one visual token rather than on the corner of four (MIN_PIXELS);
-that changes the orchestrator's observations too, so it is not adopted (README, "Reproducing").
+(a small object inside one visual token rather than on the corner of four) gave that seed 1.00
+but seed 2 0.75 there: the failure moved, it did not go away (docs/tiny-trained.md).
 
 Not trained: the video expert's timelines (view_full_video, crop_video), so questions that need
 them (before/after, counts) are out of the miniature's reach (CLIP_EVERY > 0 trains crop_video
