@@ -8,9 +8,10 @@ committed report), its loss at every step the report logs, against the committed
 
 `parts_at_step` is the first logged step whose loss, rounded, differs from the committed one (null:
 none within STEPS). Runs of this recipe part within a few dozen steps on another CPU, and end far
-apart (README, "Reproducing on another CPU"); so a machine where this parts early should not be
-expected to give the committed orchestrator's score. Environment variables that steer torch's
-kernels (ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA) apply as set when it starts.
+apart (docs/tiny-trained.md, "Reproducing on another CPU"); so a machine where this parts early
+should not be expected to give the committed orchestrator's score. Environment variables that
+steer torch's kernels (ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA) apply as set when it
+starts.
 """
 from __future__ import annotations
 

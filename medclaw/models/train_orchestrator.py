@@ -53,8 +53,8 @@ lifted from 0.10 to 0.79. But `train-tiny --seed 0` there with the weight and th
 at 84x84 (so every crop observation reads "(84x84)", not "(56x56)": another path) scored 0.31,
 its misses digits copied wrongly throughout (17.2 written 16.2, 3.3 written 0.3; loss 0.025
 against 0.009): the weight does not make the copy reliable, so the recipe keeps 1
-(benchmarks/results/cpu-2core-train-tiny-seed0-region84-digit-weight3.json; README,
-"Reproducing").
+(benchmarks/results/cpu-2core-train-tiny-seed0-region84-digit-weight3.json;
+docs/tiny-trained.md, "Reproducing").
 
 Everything below was measured without the digit weight. The same recipe on
 other random streams (the short rows drawn 16 and cut to 8, seeds 0 and 1) gave 0.92 and 0.85:
@@ -97,8 +97,8 @@ Deterministic in `seed` on one machine (data draws, init). Across CPUs the bytes
 last bits of the float reductions differ, and training amplifies them. This recipe's scores
 do too: seed 0 scored 0.83 of the held-out actions on the machine that made the committed
 checkpoints and 0.10 on an AMD EPYC (Zen 4) host, its losses equal to four decimals for the
-first 48 steps, and 0.54 there with ATEN_CPU_CAPABILITY=avx2 (train_tiny's docstring, README
-"Reproducing"); with DIGIT_WEIGHT 3, 0.31-0.92 over the paths in Status.
+first 48 steps, and 0.54 there with ATEN_CPU_CAPABILITY=avx2 (train_tiny's docstring,
+docs/tiny-trained.md); with DIGIT_WEIGHT 3, 0.31-0.92 over the paths in Status.
 
 The expert, its cases, the videos and the playing of episodes live in `orchestrator_data`; what
 "the same action" means, in `same_action` here.

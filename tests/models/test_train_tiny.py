@@ -288,7 +288,7 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     within noise, and on the machine that made them (the report's `machine`) the same bytes.
     `targets_met` is not compared: the orchestrator's runs spread about 0.1 around its 0.9
     target, so a run within noise may land on either side of it. On another CPU the floats part
-    after some steps, and the orchestrator's score can land far off (README: reproducing)."""
+    after some steps, and the scores can land far off (docs/tiny-trained.md, reproducing)."""
     import json
 
     committed = json.loads((T.COMMITTED / "train-report.json").read_text())
