@@ -341,7 +341,8 @@ def evaluate(model, processor, videos, budget=None) -> tuple[dict, dict, dict]:
                         else read_field(reply, fields[q["kind"]]))
                 hits.setdefault(q["kind"], {}).setdefault(view, []).append(said == q["answer"])
                 read = confusion.setdefault(q["kind"], {}).setdefault(view, {}).setdefault(q["answer"], {})
-                read[said or "(no answer)"] = read.get(said or "(no answer)", 0) + 1
+                key = said or "(no answer)"
+                read[key] = read.get(key, 0) + 1
     accuracy = {k: {v: round(sum(h) / len(h), 4) for v, h in views.items()} for k, views in hits.items()}
     counts = {k: len(views["frame"]) for k, views in hits.items()}
     return accuracy, counts, confusion
