@@ -1,4 +1,5 @@
-"""benchmarks/plot_decode.py turns a decode JSON into a chart, and says what is wrong with bad JSON."""
+"""benchmarks/plot_decode.py turns a decode JSON into a chart, and says what is wrong with bad JSON;
+benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer."""
 from __future__ import annotations
 
 import importlib.util
@@ -45,3 +46,33 @@ def test_bad_input_is_one_line(tmp_path, text):
         plot_decode.main([str(source)])
     message = str(err.value)
     assert message.startswith("plot_decode:") and "\n" not in message
+
+
+def _confusion_module():
+    spec = importlib.util.spec_from_file_location("tiny_vlm_confusion", ROOT / "benchmarks" /
+                                                  "tiny_vlm_confusion.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args,message", [(["/nonexistent"], "not a model folder"),
+                                          (["--min-pixels", "0"], "--min-pixels"),
+                                          (["--minutes", "0"], "--minutes")])
+def test_confusion_refuses_bad_arguments_in_one_line(args, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        _confusion_module().main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert err.value.code == 2 and message in lines[-1] and "Traceback" not in "\n".join(lines)
+
+
+def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
+    """The committed VLM on one short held-out video: every region read right, every reply
+    counted once under its gold answer."""
+    assert _confusion_module().main(["--seeds", "5000", "--minutes", "0.2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for kind, views in out["confusion"].items():
+        region = views["region"]
+        assert sum(sum(read.values()) for read in region.values()) == out["counts"][kind] > 0
+        assert all(set(read) == {gold} for gold, read in region.items()), (kind, region)
+        assert out["accuracy"][kind]["region"] == 1.0
