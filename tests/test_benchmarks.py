@@ -11,12 +11,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _plot_module():
-    spec = importlib.util.spec_from_file_location("plot_decode", ROOT / "benchmarks" /
-                                                  "plot_decode.py")
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _plot_module():
+    return _benchmark("plot_decode")
 
 
 def test_plots_the_committed_result(tmp_path):
@@ -49,11 +53,7 @@ def test_bad_input_is_one_line(tmp_path, text):
 
 
 def _confusion_module():
-    spec = importlib.util.spec_from_file_location("tiny_vlm_confusion", ROOT / "benchmarks" /
-                                                  "tiny_vlm_confusion.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmark("tiny_vlm_confusion")
 
 
 @pytest.mark.parametrize("args,message", [(["/nonexistent"], "not a model folder"),
