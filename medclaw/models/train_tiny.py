@@ -312,7 +312,7 @@ def describe(model, processor, sample) -> str:
     return processor.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)[0]
 
 
-def evaluate(model, processor, videos, budget=None) -> tuple[dict, dict, dict]:
+def evaluate(model, processor, videos) -> tuple[dict, dict, dict]:
     """Held-out accuracy on each zoom question: the field it needs read from the whole frame and
     from the region (the frame tools), and the answer of the one-shot pass over the whole video.
     Returns (accuracy, counts, confusion): confusion[kind][view][gold answer][what was read]
@@ -320,7 +320,7 @@ def evaluate(model, processor, videos, budget=None) -> tuple[dict, dict, dict]:
     from medclaw.eval.oneshot import split_answer
     from medclaw.models.train_data import QUERIES, frame_sample, oneshot_sample, read_field, region_sample
 
-    budget = budget or _Budget()
+    budget = _Budget()          # the module's MIN_PIXELS etc. as they are now
     fields = {"small_object": "small object", "look_alike": "left instrument"}
     queries = {"small_object": QUERIES[0], "look_alike": QUERIES[1]}     # what the tool is asked
     hits: dict = {}
