@@ -1,5 +1,6 @@
 """benchmarks/plot_decode.py turns a decode JSON into a chart, and says what is wrong with bad JSON;
-benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer."""
+benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer; the VLM seed
+benchmark's arguments are checked before any training starts."""
 from __future__ import annotations
 
 import importlib.util
@@ -76,3 +77,14 @@ def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
         assert sum(sum(read.values()) for read in region.values()) == out["counts"][kind] > 0
         assert all(set(read) == {gold} for gold, read in region.items()), (kind, region)
         assert out["accuracy"][kind]["region"] == 1.0
+
+
+@pytest.mark.parametrize("args,message", [(["--seeds", "0", "--warmup-part", "0"], "--warmup-part"),
+                                          (["--seeds", "0", "--steps", "10", "--warmup-part", "11"],
+                                           "--warmup-part must be in 1..10"),
+                                          (["--seeds", "0", "--min-pixels", "0"], "--min-pixels")])
+def test_vlm_seeds_refuses_bad_arguments_in_one_line(args, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        _benchmark("tiny_vlm_seeds").main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert err.value.code == 2 and message in lines[-1] and "Traceback" not in "\n".join(lines)

@@ -358,3 +358,25 @@ def test_targets_need_every_kind_on_the_region():
     assert not T.meets_targets({"small_object": {"region": 1.0}, "look_alike": {"region": 0.5}})
     assert not T.meets_targets({"small_object": {"frame": 1.0, "region": 0.0}})
     assert not T.meets_targets({})
+
+
+@pytest.mark.parametrize("steps,part,warmup", [(2400, 20, 120), (2400, 5, 480), (800, 20, 40),
+                                               (10, 20, 1)])
+def test_the_rate_warms_up_over_its_part_of_the_steps_then_falls_to_zero(steps, part, warmup):
+    """`warmup_cosine`: linear to the peak over the first steps // part (the recipe's 20, and 5,
+    the longer warm-up docs/tiny-trained.md measured), then cosine to 0."""
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = T.warmup_cosine(optimizer, steps, part)
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[0] == pytest.approx(1 / warmup)
+    assert max(rates) == pytest.approx(rates[warmup - 1], rel=1e-6)         # the peak ends it
+    assert rates[warmup - 1] == pytest.approx(np.cos(np.pi * (warmup - 1) / steps) / 2 + 0.5)
+    assert all(a <= b for a, b in zip(rates[:warmup - 1], rates[1:warmup]))
+    assert all(a >= b for a, b in zip(rates[warmup:], rates[warmup + 1:]))
+    assert rates[-1] == pytest.approx((1 + np.cos(np.pi * (steps - 1) / steps)) / 2)   # ~0
