@@ -20,12 +20,8 @@ def _benchmark(name: str):
     return module
 
 
-def _plot_module():
-    return _benchmark("plot_decode")
-
-
 def test_plots_the_committed_result(tmp_path):
-    plot_decode = _plot_module()
+    plot_decode = _benchmark("plot_decode")
     out = tmp_path / "decode.png"
     assert plot_decode.main([str(ROOT / "benchmarks/results/cpu-2core-decode.json"),
                              str(out)]) == 0
@@ -33,7 +29,7 @@ def test_plots_the_committed_result(tmp_path):
 
 
 def test_partial_result_without_baseline(tmp_path):
-    plot_decode = _plot_module()
+    plot_decode = _benchmark("plot_decode")
     source = tmp_path / "ours-only.json"
     source.write_text(json.dumps({"video": "v.mp4", "device": "cpu", "cases": {
         "sparse": {"ours_s": 0.9, "baseline_s": None, "speedup": None, "ffmpeg_all_s": 2.6,
@@ -44,7 +40,7 @@ def test_partial_result_without_baseline(tmp_path):
 
 @pytest.mark.parametrize("text", ["not json", json.dumps({"cases": {}}), json.dumps([1, 2])])
 def test_bad_input_is_one_line(tmp_path, text):
-    plot_decode = _plot_module()
+    plot_decode = _benchmark("plot_decode")
     source = tmp_path / "bad.json"
     source.write_text(text)
     with pytest.raises(SystemExit) as err:
@@ -53,16 +49,18 @@ def test_bad_input_is_one_line(tmp_path, text):
     assert message.startswith("plot_decode:") and "\n" not in message
 
 
-def _confusion_module():
-    return _benchmark("tiny_vlm_confusion")
-
-
-@pytest.mark.parametrize("args,message", [(["/nonexistent"], "not a model folder"),
-                                          (["--min-pixels", "0"], "--min-pixels"),
-                                          (["--minutes", "0"], "--minutes")])
-def test_confusion_refuses_bad_arguments_in_one_line(args, message, capsys):
+@pytest.mark.parametrize("name,args,message", [
+    ("tiny_vlm_confusion", ["/nonexistent"], "not a model folder"),
+    ("tiny_vlm_confusion", ["--min-pixels", "0"], "--min-pixels"),
+    ("tiny_vlm_confusion", ["--minutes", "0"], "--minutes"),
+    ("tiny_vlm_seeds", ["--seeds", "0", "--warmup-part", "0"], "--warmup-part"),
+    ("tiny_vlm_seeds", ["--seeds", "0", "--steps", "10", "--warmup-part", "11"],
+     "--warmup-part must be in 1..10"),
+    ("tiny_vlm_seeds", ["--seeds", "0", "--min-pixels", "0"], "--min-pixels")])
+def test_vlm_benchmarks_refuse_bad_arguments_in_one_line(name, args, message, capsys):
+    """Checked before any model loads or trains."""
     with pytest.raises(SystemExit) as err:
-        _confusion_module().main(args)
+        _benchmark(name).main(args)
     lines = capsys.readouterr().err.strip().splitlines()
     assert err.value.code == 2 and message in lines[-1] and "Traceback" not in "\n".join(lines)
 
@@ -70,7 +68,7 @@ def test_confusion_refuses_bad_arguments_in_one_line(args, message, capsys):
 def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
     """The committed VLM on one short held-out video: every region read right, every reply
     counted once under its gold answer."""
-    assert _confusion_module().main(["--seeds", "5000", "--minutes", "0.2"]) == 0
+    assert _benchmark("tiny_vlm_confusion").main(["--seeds", "5000", "--minutes", "0.2"]) == 0
     out = json.loads(capsys.readouterr().out)
     for kind, views in out["confusion"].items():
         region = views["region"]
@@ -78,13 +76,3 @@ def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
         assert all(set(read) == {gold} for gold, read in region.items()), (kind, region)
         assert out["accuracy"][kind]["region"] == 1.0
 
-
-@pytest.mark.parametrize("args,message", [(["--seeds", "0", "--warmup-part", "0"], "--warmup-part"),
-                                          (["--seeds", "0", "--steps", "10", "--warmup-part", "11"],
-                                           "--warmup-part must be in 1..10"),
-                                          (["--seeds", "0", "--min-pixels", "0"], "--min-pixels")])
-def test_vlm_seeds_refuses_bad_arguments_in_one_line(args, message, capsys):
-    with pytest.raises(SystemExit) as err:
-        _benchmark("tiny_vlm_seeds").main(args)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert err.value.code == 2 and message in lines[-1] and "Traceback" not in "\n".join(lines)

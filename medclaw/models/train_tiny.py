@@ -513,7 +513,7 @@ def fit_steps(model, param_groups, steps: int, step_loss, *, desc: str, progress
     return accelerator.unwrap_model(model).eval(), losses
 
 
-def warmup_cosine(optimizer, steps: int, warmup_part: int = 20):
+def warmup_cosine(optimizer, steps: int, warmup_part: int):
     """The learning-rate schedule both miniature models train with: linear warm-up over the
     first 1/`warmup_part` of `steps` (20: 5 %), then cosine to 0."""
     import numpy as np
