@@ -3,11 +3,12 @@ trained alone (`train_tiny(..., orchestrator=False)`) for several seeds, each sc
 held-out seeds as train-tiny scores it (whole frame, region, one-shot request). JSON on stdout.
 
     python benchmarks/tiny_vlm_seeds.py --seeds 0 1 2 3 4 [--steps 2400] [--lr 1.5e-3] [--jobs 2]
-        [--min-pixels 7056] [--warmup-part 5] > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
+        [--min-pixels 7056] [--warmup-part 5] [--focal-gamma 2] > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
 
 `--min-pixels` trains and scores the VLM with regions of at least that many pixels instead of
 the profile's (`train_tiny.MIN_PIXELS`); `--warmup-part N` warms the rate up over the first 1/N
-of the steps instead of the recipe's (`train_tiny.WARMUP_PART`). Each run reports, per question
+of the steps instead of the recipe's (`train_tiny.WARMUP_PART`); `--focal-gamma G` trains with
+a focal loss (`train_tiny.FOCAL_GAMMA`; the recipe's 0 is the plain cross-entropy). Each run reports, per question
 kind and view, what the VLM read for each gold answer (`confusion`), so a name never said shows.
 
 Each run is a spawned process on one thread (`train_tiny.THREADS`), `--jobs` at a time (one per
@@ -24,10 +25,12 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 
-def _one(seed: int, steps: int, lr: float | None, min_pixels: int, warmup_part: int) -> dict:
+def _one(seed: int, steps: int, lr: float | None, min_pixels: int, warmup_part: int,
+         focal_gamma: float) -> dict:
     from medclaw.models import train_tiny as T
 
-    T.MIN_PIXELS, T.WARMUP_PART = min_pixels, warmup_part      # in this spawned process only
+    # in this spawned process only
+    T.MIN_PIXELS, T.WARMUP_PART, T.FOCAL_GAMMA = min_pixels, warmup_part, focal_gamma
     with tempfile.TemporaryDirectory(prefix="medclaw-vlm-seed-") as tmp:
         report = T.train_tiny(tmp, seed=seed, steps=steps, progress=False, lr=lr, orchestrator=False)
     return {"seed": seed, "steps": steps, "lr": lr, "accuracy": report.accuracy,
@@ -50,20 +53,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-part", type=int, default=T.WARMUP_PART,
                         help=f"warm the rate up over the first 1/N of the steps (default the "
                              f"recipe's, {T.WARMUP_PART}: 5 %%)")
+    parser.add_argument("--focal-gamma", type=float, default=T.FOCAL_GAMMA,
+                        help=f"focal loss exponent (default the recipe's, {T.FOCAL_GAMMA}: plain "
+                             f"cross-entropy)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 < args.min_pixels <= T.MAX_PIXELS:
         parser.error(f"--min-pixels must be in 1..{T.MAX_PIXELS} (the profile's max_pixels)")
     if not 1 <= args.warmup_part <= args.steps:
         parser.error(f"--warmup-part must be in 1..{args.steps} (--steps)")
+    if not 0 <= args.focal_gamma <= 5:
+        parser.error("--focal-gamma must be in 0..5")
     context = multiprocessing.get_context("spawn")
     n = len(args.seeds)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         runs = list(pool.map(_one, args.seeds, [args.steps] * n, [args.lr] * n,
-                             [args.min_pixels] * n, [args.warmup_part] * n))
+                             [args.min_pixels] * n, [args.warmup_part] * n,
+                             [args.focal_gamma] * n))
     json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH,
                           "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH,
-                          "min_pixels": args.min_pixels, "warmup_part": args.warmup_part},
+                          "min_pixels": args.min_pixels, "warmup_part": args.warmup_part,
+                          "focal_gamma": args.focal_gamma},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()
     return 0

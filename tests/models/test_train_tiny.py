@@ -167,6 +167,29 @@ def test_sample_loss_weighs_every_reply_alike(base, two_samples):
     assert both == pytest.approx(sum(alone) / 2, rel=1e-4)
 
 
+def test_focal_loss_weighs_each_reply_token_by_how_wrong_it_still_is(base, two_samples, monkeypatch):
+    """FOCAL_GAMMA > 0: each reply token's cross-entropy times (1 - p)^gamma (p: the right
+    token's probability), then the same means as the plain loss; 0 is the plain loss."""
+    import torch
+
+    folder, processor = base
+    batch = T._encode(processor, two_samples)
+    model = T.load_vlm(folder).eval()
+    with torch.no_grad():
+        plain = float(T.sample_loss(model, batch))
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1]
+        log_p = torch.log_softmax(logits.double(), dim=-1)
+        expected = []
+        for row, labels in zip(log_p, batch["labels"][:, 1:]):
+            picked = row[labels != -100].gather(1, labels[labels != -100][:, None])[:, 0]
+            ce = -picked
+            expected.append(float((ce * (1 - picked.exp()) ** 2).mean()))
+        monkeypatch.setattr(T, "FOCAL_GAMMA", 2.0)
+        focal = float(T.sample_loss(model, batch))
+    assert focal == pytest.approx(sum(expected) / 2, rel=1e-4)
+    assert focal < plain                                 # every token's factor is below 1
+
+
 def test_oneshot_sample_is_the_baselines_request(base, videos):
     """The one-shot view `evaluate` scores: the whole video as the baseline plans it, its
     instructions and a zoom question, encoded with exactly the planned visual tokens."""
