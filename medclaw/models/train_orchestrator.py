@@ -135,6 +135,10 @@ THREADS = 1                                   # see train_tiny.THREADS
 # Loss weight of a digit token in a reply (module doc, 3; 1: the plain mean). 3 lifted some bad
 # float paths, not all (Status, 0.31 on one): the recipe keeps 1.
 DIGIT_WEIGHT = 1.0
+# Focal loss (train_tiny.FOCAL_GAMMA): each reply token's cross-entropy times (1 - p)^FOCAL_GAMMA,
+# so the tokens still wrong (a copied digit, late in training) weigh more than the ~60 of an
+# action learnt early, whichever they are. 0: the plain cross-entropy, the recipe's.
+FOCAL_GAMMA = 0.0
 
 
 # ------------------------------------------------------------------------------------ episodes
@@ -317,16 +321,21 @@ def _by_length(rows: list, chunks: int) -> list[list]:
 def reply_loss_sum(model, hidden, labels, weights=None):
     """(summed cross-entropy, token count) over the labelled tokens: the LM head runs on those
     positions only (about a third of a sequence), not on the prompt's. With `weights` ((V,), a
-    weight per token id), (the weighted sum, the sum of the weights)."""
+    weight per token id), (the weighted sum, the sum of the weights). FOCAL_GAMMA > 0 makes each
+    token's term focal (times (1 - p)^gamma) before weighting."""
     import torch
 
     target = labels[:, 1:]                                                         # (B, S-1)
     keep = target != -100
     logits = model.lm_head(hidden[:, :-1][keep])                                   # (N, V)
-    if weights is None:
+    if weights is None and not FOCAL_GAMMA:       # the plain loss, in its own float bits
         total = torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
         return total, int(keep.sum())
     per_token = torch.nn.functional.cross_entropy(logits, target[keep], reduction="none")  # (N,)
+    if FOCAL_GAMMA:
+        per_token = per_token * (1 - torch.exp(-per_token)) ** FOCAL_GAMMA
+    if weights is None:
+        return per_token.sum(), int(keep.sum())
     weight = weights[target[keep]]                                                 # (N,)
     return (per_token * weight).sum(), float(weight.sum())
 
@@ -516,7 +525,7 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
     # weights of 1 would give the plain mean in other float bits: off means the unweighted loss
     weights = token_weights(tokenizer, DIGIT_WEIGHT) if DIGIT_WEIGHT != 1 else None
     report: dict = {"steps": steps, "batch": batch, "short_with_full": SHORT_WITH_FULL, "lr": lr,
-                    "digit_weight": DIGIT_WEIGHT, "sizes": sizes,
+                    "digit_weight": DIGIT_WEIGHT, "focal_gamma": FOCAL_GAMMA, "sizes": sizes,
                     "vocab_size": len(tokenizer),
                     "prompt_tokens": {"system": sorted({len(k) for k in keys}),
                                       "sequence_max": max(len(s) for s, _ in data),

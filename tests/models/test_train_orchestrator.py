@@ -206,6 +206,46 @@ def test_the_weighted_loss_is_the_weighted_mean_over_reply_tokens():
         assert abs(float(plain) - want) > 1e-3                  # the weights do change the loss
 
 
+def test_the_focal_loss_weighs_each_reply_token_by_how_wrong_it_still_is(monkeypatch):
+    """FOCAL_GAMMA > 0: both fast losses are the mean over reply tokens of ce * (1 - p)^gamma
+    (p the right token's probability; computed here from the model's full logits), weighted
+    by `token_weights` when given."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, max_position_embeddings=256, **SMALL))
+    rng = np.random.default_rng(2)
+    prefix = tuple(int(x) for x in rng.integers(1, 64, size=30))
+    suffixes = [[int(x) for x in rng.integers(1, 64, size=n)] for n in (9, 16, 4)]
+    rows = [(ids, [-100] * 2 + ids[2:]) for ids in suffixes]
+    whole = [(list(prefix) + ids, [-100] * len(prefix) + labels) for ids, labels in rows]
+    weights = torch.ones(64)
+    weights[rows[1][0][5]] = 4.0
+
+    def want(weights):
+        num = den = 0.0
+        for ids, labels in whole:
+            logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+            for k in range(1, len(ids)):
+                if labels[k] != -100:
+                    ce = float(torch.nn.functional.cross_entropy(logits[k - 1], torch.tensor(labels[k])))
+                    w = float(weights[labels[k]])
+                    num += w * ce * (1 - np.exp(-ce)) ** 2
+                    den += w
+        return num / den
+
+    with torch.no_grad():
+        plain = float(T.rows_loss(model, whole, 0))
+        monkeypatch.setattr(T, "FOCAL_GAMMA", 2.0)
+        for use in (None, weights):
+            expected = want(torch.ones(64) if use is None else use)
+            for loss in (T.rows_loss(model, whole, 0, chunks=2, weights=use),
+                         T.prefix_loss(model, prefix, rows, 0, weights=use)):
+                assert abs(float(loss) - expected) < 1e-5
+        assert float(T.rows_loss(model, whole, 0)) < plain          # each factor is below 1
+
+
 def test_token_weights_weigh_the_ten_digits(cases, root, tmp_path):
     """The weights: the digit weight on each digit token of the trained tokenizer, 1 on the
     rest; a reply's time is written with those tokens."""
