@@ -333,7 +333,9 @@ def reply_loss_sum(model, hidden, labels, weights=None):
         return total, int(keep.sum())
     per_token = torch.nn.functional.cross_entropy(logits, target[keep], reduction="none")  # (N,)
     if FOCAL_GAMMA:
-        per_token = per_token * (1 - torch.exp(-per_token)) ** FOCAL_GAMMA
+        from medclaw.models.train_tiny import focal
+
+        per_token = focal(per_token, FOCAL_GAMMA)
     if weights is None:
         return per_token.sum(), int(keep.sum())
     weight = weights[target[keep]]                                                 # (N,)

@@ -313,9 +313,17 @@ def sample_loss(model, batch):
     tokens = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=-100,
                                                reduction="none")                   # (B, L-1)
     if FOCAL_GAMMA:                 # 0 leaves the plain arithmetic, bit for bit
-        tokens = tokens * (1 - torch.exp(-tokens)) ** FOCAL_GAMMA
+        tokens = focal(tokens, FOCAL_GAMMA)
     counts = (target != -100).sum(1).clamp(min=1)
     return (tokens.sum(1) / counts).mean()
+
+
+def focal(token_losses, gamma: float):
+    """Each token's cross-entropy times (1 - p)^gamma, p = exp(-cross-entropy) the probability
+    given to the right token (the focal loss both miniature models can train with)."""
+    import torch
+
+    return token_losses * (1 - torch.exp(-token_losses)) ** gamma
 
 
 def describe(model, processor, sample) -> str:
