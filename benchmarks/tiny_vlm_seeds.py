@@ -40,6 +40,7 @@ def _one(seed: int, steps: int, lr: float | None, min_pixels: int, warmup_part: 
 
 def main(argv: list[str] | None = None) -> int:
     from medclaw.models import train_tiny as T
+    from medclaw.synth import zoom
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH,
                           "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH,
                           "min_pixels": args.min_pixels, "warmup_part": args.warmup_part,
-                          "focal_gamma": args.focal_gamma},
+                          "focal_gamma": args.focal_gamma, "mark_fraction": zoom.MARK_FRACTION},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()
     return 0

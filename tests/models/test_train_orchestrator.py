@@ -132,12 +132,14 @@ def test_same_action_tolerances():
     assert not T.same_action("not json", final, specs)
 
 
-def test_the_fast_losses_equal_transformers_own_loss():
+def test_the_fast_losses_equal_transformers_own_loss(monkeypatch):
     """`prefix_loss` (system turn computed once, shared) and `rows_loss` (rows in chunks of
     similar length), both with the LM head on labelled tokens only, are the plain padded-batch
     loss of transformers on the whole sequences; so are their gradients."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    monkeypatch.setattr(T, "FOCAL_GAMMA", 0.0)             # the plain loss, as transformers' own
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, max_position_embeddings=256, **SMALL))
@@ -171,12 +173,14 @@ def test_the_fast_losses_equal_transformers_own_loss():
         assert all(torch.allclose(g, w, rtol=1e-3, atol=1e-6) for g, w in zip(grads(loss), want))
 
 
-def test_the_weighted_loss_is_the_weighted_mean_over_reply_tokens():
+def test_the_weighted_loss_is_the_weighted_mean_over_reply_tokens(monkeypatch):
     """With `token_weights`, both fast losses are the mean of every reply token's cross-entropy
     weighted by its target's weight (computed here from the model's full logits); weights of 1
     give the plain loss."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    monkeypatch.setattr(T, "FOCAL_GAMMA", 0.0)             # the weights alone
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, max_position_embeddings=256, **SMALL))
@@ -235,6 +239,7 @@ def test_the_focal_loss_weighs_each_reply_token_by_how_wrong_it_still_is(monkeyp
                     den += w
         return num / den
 
+    monkeypatch.setattr(T, "FOCAL_GAMMA", 0.0)
     with torch.no_grad():
         plain = float(T.rows_loss(model, whole, 0))
         monkeypatch.setattr(T, "FOCAL_GAMMA", 2.0)

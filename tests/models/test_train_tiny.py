@@ -154,9 +154,11 @@ def test_the_training_mix_is_balanced_and_the_time_stamp_says_nothing(videos):
     assert said_own_frame < 0.05 * len(samples)
 
 
-def test_sample_loss_weighs_every_reply_alike(base, two_samples):
+def test_sample_loss_weighs_every_reply_alike(base, two_samples, monkeypatch):
     """A five-field frame reply and a one-line region reply count the same in the loss."""
     import torch
+
+    monkeypatch.setattr(T, "FOCAL_GAMMA", 0.0)             # the plain loss, as transformers' own
 
     folder, processor = base
     samples = two_samples
@@ -175,6 +177,7 @@ def test_focal_loss_weighs_each_reply_token_by_how_wrong_it_still_is(base, two_s
     folder, processor = base
     batch = T._encode(processor, two_samples)
     model = T.load_vlm(folder).eval()
+    monkeypatch.setattr(T, "FOCAL_GAMMA", 0.0)
     with torch.no_grad():
         plain = float(T.sample_loss(model, batch))
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1]
@@ -327,7 +330,7 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     for kind in T.TARGETS:
         views, before = report["accuracy"][kind], committed["accuracy"][kind]
         assert abs(views["region"] - before["region"]) <= 0.15, (kind, views, before, where)
-        assert views["region"] >= views["frame"] + 0.4, (kind, views)
+        assert views["region"] >= views["frame"] + T.ZOOM_GAIN[kind], (kind, views)
     actions = report["orchestrator"]["held_out"]["action_accuracy"]
     before = committed["orchestrator"]["held_out"]["action_accuracy"]
     assert abs(actions - before) <= 0.15, (actions, before, where)
