@@ -12,8 +12,8 @@ seed on another float path (another CPU, or torch's kernels held to AVX2 by
 ATEN_CPU_CAPABILITY, which applies as set when this starts; each run records `machine`) is
 another draw of the recipe: the spread over seeds and paths is how far a retrain elsewhere may
 land from the committed score. `--digit-weight` sets `train_orchestrator.DIGIT_WEIGHT` (the
-recipe's: 1, the plain mean), `--focal-gamma` sets `train_orchestrator.FOCAL_GAMMA` (the recipe's: 0,
-the plain cross-entropy).
+recipe's: 1, the plain mean), `--focal-gamma` sets `train_orchestrator.FOCAL_GAMMA` (the recipe's: 2;
+0 is the plain cross-entropy).
 """
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--digit-weight", type=float, default=O.DIGIT_WEIGHT,
                         help=f"loss weight of a reply's digit tokens (default the recipe's, {O.DIGIT_WEIGHT})")
     parser.add_argument("--focal-gamma", type=float, default=O.FOCAL_GAMMA,
-                        help=f"focal loss exponent (default the recipe's, {O.FOCAL_GAMMA}: plain "
-                             f"cross-entropy)")
+                        help=f"focal loss exponent (default the recipe's, {O.FOCAL_GAMMA}; 0 is "
+                             "the plain cross-entropy)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 <= args.focal_gamma <= 5:

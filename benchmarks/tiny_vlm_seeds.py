@@ -8,7 +8,7 @@ held-out seeds as train-tiny scores it (whole frame, region, one-shot request). 
 `--min-pixels` trains and scores the VLM with regions of at least that many pixels instead of
 the profile's (`train_tiny.MIN_PIXELS`); `--warmup-part N` warms the rate up over the first 1/N
 of the steps instead of the recipe's (`train_tiny.WARMUP_PART`); `--focal-gamma G` trains with
-a focal loss (`train_tiny.FOCAL_GAMMA`; the recipe's 0 is the plain cross-entropy). Each run reports, per question
+a focal loss (`train_tiny.FOCAL_GAMMA`; the recipe's 2; 0 is the plain cross-entropy). Each run reports, per question
 kind and view, what the VLM read for each gold answer (`confusion`), so a name never said shows.
 
 Each run is a spawned process on one thread (`train_tiny.THREADS`), `--jobs` at a time (one per
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"warm the rate up over the first 1/N of the steps (default the "
                              f"recipe's, {T.WARMUP_PART}: 5 %%)")
     parser.add_argument("--focal-gamma", type=float, default=T.FOCAL_GAMMA,
-                        help=f"focal loss exponent (default the recipe's, {T.FOCAL_GAMMA}: plain "
-                             f"cross-entropy)")
+                        help=f"focal loss exponent (default the recipe's, {T.FOCAL_GAMMA}; 0 is "
+                             "the plain cross-entropy)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 < args.min_pixels <= T.MAX_PIXELS:
