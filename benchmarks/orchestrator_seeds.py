@@ -2,7 +2,9 @@
 models train-tiny` trained alone (`train_orchestrator`) for several seeds, each scored on both
 held-out sets (seeds 5000-5011, what its report scores, and 5100-5111). JSON on stdout.
 
-    python benchmarks/orchestrator_seeds.py --seeds 0 1 [--digit-weight 3] [--focal-gamma 2] [--jobs 2]
+    python benchmarks/orchestrator_seeds.py --seeds 0 1 [--digit-weight 3] [--focal-gamma 2]
+        [--whole-second-share 0.2] [--jobs 2]
+    python benchmarks/orchestrator_seeds.py --checkpoint medclaw/checkpoints/tiny-trained/llm
     ATEN_CPU_CAPABILITY=avx2 python benchmarks/orchestrator_seeds.py --seeds 0 --digit-weight 3 --jobs 1
 
 Each run is a spawned process on one thread (`train_orchestrator.THREADS`), `--jobs` at a time
@@ -13,7 +15,10 @@ ATEN_CPU_CAPABILITY, which applies as set when this starts; each run records `ma
 another draw of the recipe: the spread over seeds and paths is how far a retrain elsewhere may
 land from the committed score. `--digit-weight` sets `train_orchestrator.DIGIT_WEIGHT` (the
 recipe's: 1, the plain mean), `--focal-gamma` sets `train_orchestrator.FOCAL_GAMMA` (the recipe's: 2;
-0 is the plain cross-entropy).
+0 is the plain cross-entropy), `--whole-second-share` sets `train_orchestrator.WHOLE_SECOND_SHARE`
+(the recipe's: 0). Each run is also scored on both sets asked at whole seconds
+(`train_orchestrator.at_whole_second`: "At 17 s"), the copy the recipe gets wrong most; each
+score lists its misses (the question, the student's first wrong action and the expert's).
 """
 from __future__ import annotations
 
@@ -23,26 +28,46 @@ import multiprocessing
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 SECOND_SET = tuple(range(5100, 5112))
 
 
-def _one(seed: int, digit_weight: float, focal_gamma: float) -> dict:
-    import asyncio
-    from pathlib import Path
-
+def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share: float) -> dict:
     from medclaw.models import train_orchestrator as O
     from medclaw.models.train_tiny import machine
 
-    O.DIGIT_WEIGHT, O.FOCAL_GAMMA = digit_weight, focal_gamma         # in this spawned process only
+    # in this spawned process only
+    O.DIGIT_WEIGHT, O.FOCAL_GAMMA, O.WHOLE_SECOND_SHARE = digit_weight, focal_gamma, whole_second_share
     with tempfile.TemporaryDirectory(prefix="medclaw-orch-seed-") as tmp:
-        report = O.train_orchestrator(Path(tmp) / "llm", seed=seed, progress=False)
-        root = Path(tmp) / "second-set"
-        second, _ = asyncio.run(O.evaluate(Path(tmp) / "llm", O.held_out_cases(root, SECOND_SET), root))
+        llm = Path(tmp) / "llm"
+        report = O.train_orchestrator(llm, seed=seed, progress=False)
+        scores = _score_sets(llm, Path(tmp), report["held_out"])
     return {"seed": seed, "digit_weight": report["digit_weight"],
-            "focal_gamma": report["focal_gamma"], "held_out": report["held_out"],
-            "held_out_5100": second, "loss_last": report["loss_last"], "train_s": report["train_s"],
+            "focal_gamma": report["focal_gamma"], "whole_second_share": report["whole_second_share"],
+            **scores, "loss_last": report["loss_last"], "train_s": report["train_s"],
             "machine": machine()}
+
+
+def _score_sets(llm, tmp, held_out=None) -> dict:
+    """Scores of the orchestrator in folder `llm` on both held-out sets, as asked and at whole
+    seconds (`held_out`: set 5000's, when training already scored it)."""
+    import asyncio
+
+    from medclaw.models import train_orchestrator as O
+
+    scores = {}
+    for name, seeds in (("5000", O.EVAL_SEEDS), ("5100", SECOND_SET)):
+        root = tmp / f"set-{name}"
+        cases = O.held_out_cases(root, seeds)
+        key = "held_out" if name == "5000" else f"held_out_{name}"
+        if key == "held_out" and held_out is not None:
+            scores[key] = held_out
+        else:
+            scores[key], _ = asyncio.run(O.evaluate(llm, cases, root))
+        whole = [O.at_whole_second(case) for case in cases]
+        scores[f"whole_second_{name}"], _ = asyncio.run(O.evaluate(llm, whole, root))
+    return scores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,22 +75,43 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", required=True, help="training seeds")
+    parser.add_argument("--seeds", type=int, nargs="+", help="training seeds")
+    parser.add_argument("--checkpoint", type=Path,
+                        help="score this trained orchestrator folder (e.g. the committed "
+                             "medclaw/checkpoints/tiny-trained/llm) on the same sets instead of training")
     parser.add_argument("--digit-weight", type=float, default=O.DIGIT_WEIGHT,
                         help=f"loss weight of a reply's digit tokens (default the recipe's, {O.DIGIT_WEIGHT})")
     parser.add_argument("--focal-gamma", type=float, default=O.FOCAL_GAMMA,
                         help=f"focal loss exponent (default the recipe's, {O.FOCAL_GAMMA}; 0 is "
                              "the plain cross-entropy)")
+    parser.add_argument("--whole-second-share", type=float, default=O.WHOLE_SECOND_SHARE,
+                        help="share of training episodes asked at a whole second (default the "
+                             f"recipe's, {O.WHOLE_SECOND_SHARE})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 <= args.focal_gamma <= 5:
         parser.error("--focal-gamma must be in 0..5")
+    if not 0 <= args.whole_second_share <= 1:
+        parser.error("--whole-second-share must be in 0..1")
+    if (args.seeds is None) == (args.checkpoint is None):
+        parser.error("give --seeds (train and score) or --checkpoint (score only)")
+    if args.checkpoint is not None:
+        if not (args.checkpoint / "config.json").is_file():
+            parser.error(f"{args.checkpoint}: not a model folder (no config.json)")
+        with tempfile.TemporaryDirectory(prefix="medclaw-orch-score-") as tmp:
+            scores = _score_sets(args.checkpoint, Path(tmp))
+        json.dump({"checkpoint": str(args.checkpoint), "eval_seeds": list(O.EVAL_SEEDS),
+                   "second_set": list(SECOND_SET), **scores}, sys.stdout, indent=1)
+        print()
+        return 0
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         n = len(args.seeds)
-        runs = list(pool.map(_one, args.seeds, [args.digit_weight] * n, [args.focal_gamma] * n))
+        runs = list(pool.map(_one, args.seeds, [args.digit_weight] * n, [args.focal_gamma] * n,
+                             [args.whole_second_share] * n))
     json.dump({"recipe": {"steps": O.STEPS, "lr": O.LR, "batch": O.BATCH, "episodes": O.EPISODES,
-                          "digit_weight": args.digit_weight, "focal_gamma": args.focal_gamma},
+                          "digit_weight": args.digit_weight, "focal_gamma": args.focal_gamma,
+                          "whole_second_share": args.whole_second_share},
                "eval_seeds": list(O.EVAL_SEEDS), "second_set": list(SECOND_SET), "runs": runs},
               sys.stdout, indent=1)
     print()

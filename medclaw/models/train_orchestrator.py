@@ -136,6 +136,10 @@ EPISODES = 640                                # expert episodes played for train
 # own time and an ideal verifier.
 CASE_MIX = {"random_time": 0.35, "other_name": 0.1, "retry": 0.15, "retry_fails": 0.05}
 KB_SHARE = 0.5                                # episodes whose system prompt has a KB type enum
+# Share of training episodes asked at a whole second ("At 17 s": the question and the expert's
+# evidence time then carry no decimals). Times are drawn to a tenth of a second, so about one
+# in ten already is; 0 (the recipe) draws nothing more, so the recipe's random stream is as it was.
+WHOLE_SECOND_SHARE = 0.0
 TIME_TOL = 0.05
 BOX_TOL = 0.01
 THREADS = 1                                   # see train_tiny.THREADS
@@ -181,8 +185,19 @@ def training_cases(videos, count: int, rng) -> list:
                    "retry": [failed, first], "retry_fails": [failed, NOTHING]}[mix]
         if mix == "random_time" and first == IDEAL:
             replies = [IDEAL]
+        if WHOLE_SECOND_SHARE and rng.uniform() < WHOLE_SECOND_SHARE:
+            case = at_whole_second(case)
         cases.append(replace(case, replies=replies))
     return cases
+
+
+def at_whole_second(case):
+    """`case` asked at the whole second its time falls in (at least 1 s: "At 17 s"); the
+    verifier's ideal reply and the expert's actions follow the new time."""
+    from dataclasses import replace
+
+    t = max(1, int(case.time_s))
+    return replace(case, time_s=float(t), question=_TIME_RE.sub(f"{t} s", case.question, count=1))
 
 
 # ----------------------------------------------------------------------------- tokens, model
@@ -413,6 +428,20 @@ def score(episodes, specs: list[dict]) -> dict:
             "episodes": len(every)}
 
 
+def misses(episodes, specs: list[dict]) -> list[dict]:
+    """The episodes `score` does not count, each with its question and its first action that
+    is not the expert's (the student's reply, the expert's): where a run fails, in a report."""
+    out = []
+    for ep in episodes:
+        wrong = [(got, want) for got, want in zip(ep.replies, ep.expected)
+                 if not same_action(got, want, specs)]
+        if wrong or not ep.replies or ep.status != "answered":
+            got, want = wrong[0] if wrong else (None, None)
+            out.append({"kind": ep.case.kind, "question": ep.case.question, "status": ep.status,
+                        "got": got, "want": want})
+    return out
+
+
 def held_out_cases(root: Path, seeds=EVAL_SEEDS) -> list:
     """The zoom questions of held-out videos `seeds` (EVAL_MINUTES long), rendered under `root`."""
     from medclaw.models.orchestrator_data import question_cases, render_videos
@@ -436,7 +465,7 @@ async def evaluate(folder: Path, cases, root: Path, kb_types=None) -> tuple[dict
     finally:
         await student.close()
     specs = default_registry(kb_types=kb_types).specs()
-    return score(episodes, specs), episodes
+    return dict(score(episodes, specs), misses=misses(episodes, specs)), episodes
 
 
 # ----------------------------------------------------------------------------------- training
@@ -457,7 +486,7 @@ def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: boo
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     report: dict = {"seed": seed, "train_seeds": list(TRAIN_SEEDS), "eval_seeds": list(EVAL_SEEDS),
-                    "episodes": episodes}
+                    "episodes": episodes, "whole_second_share": WHOLE_SECOND_SHARE}
     try:
         with tempfile.TemporaryDirectory(prefix="medclaw-orch-") as tmp:
             root = Path(tmp)

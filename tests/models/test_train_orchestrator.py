@@ -76,6 +76,30 @@ def test_expert_crops_the_box_then_answers_what_it_read(cases, root):
         assert ep.replies == ep.expected and ep.status == "answered"
 
 
+def test_a_case_at_a_whole_second_and_the_misses_a_score_leaves(cases, root):
+    """`at_whole_second` asks the same question at the second its time falls in, and the expert
+    follows it; `misses` names each episode `score` does not count with its first wrong action."""
+    case = next(c for c in cases if c.kind == "look_alike" and c.time_s != int(c.time_s))
+    whole = T.at_whole_second(case)
+    second = max(1, int(case.time_s))
+    assert whole.time_s == second and f"At {second} s," in whole.question
+    assert whole.question.replace(f"{second} s", f"{case.time_s:g} s") == case.question
+    [ep] = _play([whole], root)
+    assert _args(ep.replies[0])["args"]["time_s"] == second
+    assert _args(ep.replies[-1])["args"]["evidence_times"] == [second]
+    assert '"evidence_times":[%d]' % second in ep.replies[-1]    # written without a decimal
+
+    specs = default_registry().specs()
+    assert T.misses([ep], specs) == []
+    wrong_time = ep.replies[0].replace(f'"time_s":{second}', f'"time_s":{second + 1}')
+    assert wrong_time != ep.replies[0]
+    missed = replace(ep, replies=[wrong_time] + ep.replies[1:])
+    assert T.score([ep, missed], specs)["action_accuracy"] == 0.5
+    assert T.misses([ep, missed], specs) == [{"kind": "look_alike", "question": whole.question,
+                                              "status": "answered", "got": wrong_time,
+                                              "want": ep.expected[0]}]
+
+
 def test_training_text_is_what_the_episode_sends(cases, root, tmp_path):
     [ep] = _play(cases[:1], root)
     case = ep.case
