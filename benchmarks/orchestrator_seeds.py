@@ -42,31 +42,31 @@ def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share:
     with tempfile.TemporaryDirectory(prefix="medclaw-orch-seed-") as tmp:
         llm = Path(tmp) / "llm"
         report = O.train_orchestrator(llm, seed=seed, progress=False)
-        scores = _score_sets(llm, Path(tmp), report["held_out"])
+        scores = _score_sets(llm, Path(tmp), known={
+            "held_out": report["held_out"], "whole_second_5000": report["held_out_whole_second"]})
     return {"seed": seed, "digit_weight": report["digit_weight"],
             "focal_gamma": report["focal_gamma"], "whole_second_share": report["whole_second_share"],
             **scores, "loss_last": report["loss_last"], "train_s": report["train_s"],
             "machine": machine()}
 
 
-def _score_sets(llm, tmp, held_out=None) -> dict:
+def _score_sets(llm, tmp, known: dict | None = None) -> dict:
     """Scores of the orchestrator in folder `llm` on both held-out sets, as asked and at whole
-    seconds (`held_out`: set 5000's, when training already scored it)."""
+    seconds; `known`: scores training already made (set 5000's), by key."""
     import asyncio
 
     from medclaw.models import train_orchestrator as O
 
-    scores = {}
+    scores = dict(known or {})
     for name, seeds in (("5000", O.EVAL_SEEDS), ("5100", SECOND_SET)):
+        asked = "held_out" if name == "5000" else f"held_out_{name}"
+        if asked in scores and f"whole_second_{name}" in scores:
+            continue
         root = tmp / f"set-{name}"
         cases = O.held_out_cases(root, seeds)
-        key = "held_out" if name == "5000" else f"held_out_{name}"
-        if key == "held_out" and held_out is not None:
-            scores[key] = held_out
-        else:
-            scores[key], _ = asyncio.run(O.evaluate(llm, cases, root))
-        whole = [O.at_whole_second(case) for case in cases]
-        scores[f"whole_second_{name}"], _ = asyncio.run(O.evaluate(llm, whole, root))
+        for key, played in ((asked, cases), (f"whole_second_{name}", [O.at_whole_second(c) for c in cases])):
+            if key not in scores:
+                scores[key], _ = asyncio.run(O.evaluate(llm, played, root))
     return scores
 
 

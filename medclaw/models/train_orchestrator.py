@@ -499,6 +499,9 @@ def train_orchestrator(out_dir, seed: int = 0, steps: int = STEPS, progress: boo
                               bar_line=bar_line))
             held_out = held_out_cases(root)
             report["held_out"], _ = asyncio.run(evaluate(out, held_out, root))
+            # the same questions asked at whole seconds ("At 17 s"): a copy apart (module doc)
+            report["held_out_whole_second"], _ = asyncio.run(
+                evaluate(out, [at_whole_second(case) for case in held_out], root))
             if evaluate_kb:
                 report["held_out_with_kb"], _ = asyncio.run(evaluate(out, held_out, root, kb_types))
     finally:
