@@ -64,7 +64,8 @@ def _score_sets(llm, tmp, known: dict | None = None) -> dict:
             continue
         root = tmp / f"set-{name}"
         cases = O.held_out_cases(root, seeds)
-        for key, played in ((asked, cases), (f"whole_second_{name}", [O.at_whole_second(c) for c in cases])):
+        whole = [O.at_whole_second(case) for case in cases]
+        for key, played in ((asked, cases), (f"whole_second_{name}", whole)):
             if key not in scores:
                 scores[key], _ = asyncio.run(O.evaluate(llm, played, root))
     return scores
