@@ -184,8 +184,7 @@ def training_cases(videos, count: int, rng) -> list:
         failed = [EMPTY, NOTHING][int(rng.integers(2))]
         if mix in ("random_time", "retry", "retry_fails") and rng.uniform() < 0.7:
             duration = case.info.duration_s
-            t = round(float(rng.uniform(0.2, max(0.3, duration - 0.2))), 1)
-            case = replace(case, time_s=t, question=_TIME_RE.sub(f"{t:g} s", case.question, count=1))
+            case = asked_at(case, round(float(rng.uniform(0.2, max(0.3, duration - 0.2))), 1))
             first = said                     # nothing is there: the verifier's word is drawn
         else:
             first = IDEAL
@@ -199,13 +198,17 @@ def training_cases(videos, count: int, rng) -> list:
     return cases
 
 
-def at_whole_second(case):
-    """`case` asked at the whole second its time falls in (at least 1 s: "At 17 s"); the
+def asked_at(case, t: float):
+    """`case` with its question asked at `t` seconds (written as `{t:g}`: 17.0 as "17"); the
     verifier's ideal reply and the expert's actions follow the new time."""
     from dataclasses import replace
 
-    t = max(1, int(case.time_s))
-    return replace(case, time_s=float(t), question=_TIME_RE.sub(f"{t} s", case.question, count=1))
+    return replace(case, time_s=t, question=_TIME_RE.sub(f"{t:g} s", case.question, count=1))
+
+
+def at_whole_second(case):
+    """`case` asked at the whole second its time falls in (at least 1 s: "At 17 s")."""
+    return asked_at(case, float(max(1, int(case.time_s))))
 
 
 # ----------------------------------------------------------------------------- tokens, model
