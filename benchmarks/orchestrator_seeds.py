@@ -3,7 +3,7 @@ models train-tiny` trained alone (`train_orchestrator`) for several seeds, each 
 held-out sets (seeds 5000-5011, what its report scores, and 5100-5111). JSON on stdout.
 
     python benchmarks/orchestrator_seeds.py --seeds 0 1 [--digit-weight 3] [--focal-gamma 2]
-        [--whole-second-share 0.2] [--jobs 2]
+        [--whole-second-share 0.2] [--name-tokens] [--jobs 2]
     python benchmarks/orchestrator_seeds.py --checkpoint medclaw/checkpoints/tiny-trained/llm
     ATEN_CPU_CAPABILITY=avx2 python benchmarks/orchestrator_seeds.py --seeds 0 --digit-weight 3 --jobs 1
 
@@ -16,7 +16,8 @@ another draw of the recipe: the spread over seeds and paths is how far a retrain
 land from the committed score. `--digit-weight` sets `train_orchestrator.DIGIT_WEIGHT` (the
 recipe's: 1, the plain mean), `--focal-gamma` sets `train_orchestrator.FOCAL_GAMMA` (the recipe's: 2;
 0 is the plain cross-entropy), `--whole-second-share` sets `train_orchestrator.WHOLE_SECOND_SHARE`
-(the recipe's: 0). Each run is also scored on both sets asked at whole seconds
+(the recipe's: 0), `--name-tokens` sets `train_orchestrator.NAME_TOKENS` (each word of an
+object's name one token, so an answer copies the observation's token). Each run is also scored on both sets asked at whole seconds
 (`train_orchestrator.at_whole_second`: "At 17 s"), the copy the recipe gets wrong most; each
 score lists its misses (the question, the student's first wrong action and the expert's).
 """
@@ -33,12 +34,14 @@ from pathlib import Path
 SECOND_SET = tuple(range(5100, 5112))
 
 
-def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share: float) -> dict:
+def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share: float,
+         name_tokens: bool) -> dict:
     from medclaw.models import train_orchestrator as O
     from medclaw.models.train_tiny import machine
 
     # in this spawned process only
     O.DIGIT_WEIGHT, O.FOCAL_GAMMA, O.WHOLE_SECOND_SHARE = digit_weight, focal_gamma, whole_second_share
+    O.NAME_TOKENS = name_tokens
     with tempfile.TemporaryDirectory(prefix="medclaw-orch-seed-") as tmp:
         llm = Path(tmp) / "llm"
         report = O.train_orchestrator(llm, seed=seed, progress=False)
@@ -46,6 +49,7 @@ def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share:
             "held_out": report["held_out"], "whole_second_5000": report["held_out_whole_second"]})
     return {"seed": seed, "digit_weight": report["digit_weight"],
             "focal_gamma": report["focal_gamma"], "whole_second_share": report["whole_second_share"],
+            "name_tokens": report["name_tokens"],
             **scores, "loss_last": report["loss_last"], "train_s": report["train_s"],
             "machine": machine()}
 
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whole-second-share", type=float, default=O.WHOLE_SECOND_SHARE,
                         help="share of training episodes asked at a whole second (default the "
                              f"recipe's, {O.WHOLE_SECOND_SHARE})")
+    parser.add_argument("--name-tokens", action=argparse.BooleanOptionalAction, default=O.NAME_TOKENS,
+                        help="each word of an object's name its own token (default the recipe's, "
+                             f"{O.NAME_TOKENS})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 <= args.focal_gamma <= 5:
@@ -109,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         n = len(args.seeds)
         runs = list(pool.map(_one, args.seeds, [args.digit_weight] * n, [args.focal_gamma] * n,
-                             [args.whole_second_share] * n))
+                             [args.whole_second_share] * n, [args.name_tokens] * n))
     json.dump({"recipe": {"steps": O.STEPS, "lr": O.LR, "batch": O.BATCH, "episodes": O.EPISODES,
                           "digit_weight": args.digit_weight, "focal_gamma": args.focal_gamma,
-                          "whole_second_share": args.whole_second_share},
+                          "whole_second_share": args.whole_second_share,
+                          "name_tokens": args.name_tokens},
                "eval_seeds": list(O.EVAL_SEEDS), "second_set": list(SECOND_SET), "runs": runs},
               sys.stdout, indent=1)
     print()

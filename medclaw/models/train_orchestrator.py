@@ -159,6 +159,12 @@ DIGIT_WEIGHT = 1.0
 # action learnt early, whichever they are. 0 is the plain cross-entropy (seed 0: 0.10 of the
 # held-out actions on an AMD EPYC host); 2 gave 0.96 there (module doc).
 FOCAL_GAMMA = 2.0
+# Each word of an object's name (orchestrator_data.NAMES) its own token, whole words only, so
+# the name an observation reads ("left instrument: bipolar": the space a token apart) and the
+# name the answer writes ('"text":"bipolar"') are one token and answering is a plain copy.
+# Off (False), the BPE spells the first as "Ġbipolar" and the second as "bipolar": two tokens
+# per name, a mapping the model has to learn (module doc, Status).
+NAME_TOKENS = False
 
 
 # ------------------------------------------------------------------------------------ episodes
@@ -216,7 +222,8 @@ def at_whole_second(case):
 def build_tokenizer(texts, vocab_size: int = VOCAB_SIZE):
     """Byte-level BPE trained on `texts`, with the normalizer and pre-tokenizer transformers'
     Qwen2Tokenizer rebuilds on load (whatever tokenizer.json says): trained ids = loaded ids."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, trainers)
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
@@ -237,7 +244,17 @@ def build_tokenizer(texts, vocab_size: int = VOCAB_SIZE):
         additional_special_tokens=list(SPECIAL_TOKENS[1:]),
         model_max_length=SIZES["max_position_embeddings"], clean_up_tokenization_spaces=False)
     tokenizer.add_tokens(list(ADDED_TOKENS))
+    if NAME_TOKENS:
+        tokenizer.add_tokens([AddedToken(word, single_word=True, normalized=False)
+                              for word in name_words()])
     return tokenizer
+
+
+def name_words() -> list[str]:
+    """Every word of every object name the orchestrator may answer, sorted."""
+    from medclaw.models.orchestrator_data import NAMES
+
+    return sorted({word for names in NAMES.values() for name in names for word in name.split()})
 
 
 def write_base(folder: Path, tokenizer, seed: int, sizes: dict = SIZES):
@@ -578,7 +595,8 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
     # weights of 1 would give the plain mean in other float bits: off means the unweighted loss
     weights = token_weights(tokenizer, DIGIT_WEIGHT) if DIGIT_WEIGHT != 1 else None
     report: dict = {"steps": steps, "batch": batch, "short_with_full": SHORT_WITH_FULL, "lr": lr,
-                    "digit_weight": DIGIT_WEIGHT, "focal_gamma": FOCAL_GAMMA, "sizes": sizes,
+                    "digit_weight": DIGIT_WEIGHT, "focal_gamma": FOCAL_GAMMA, "name_tokens": NAME_TOKENS,
+                    "sizes": sizes,
                     "vocab_size": len(tokenizer),
                     "prompt_tokens": {"system": sorted({len(k) for k in keys}),
                                       "sequence_max": max(len(s) for s, _ in data),

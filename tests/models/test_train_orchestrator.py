@@ -287,6 +287,35 @@ def test_token_weights_weigh_the_ten_digits(cases, root, tmp_path):
     assert sum(float(weights[i]) > 1 for i in time_ids) == len(str(D.number(cases[0].time_s)).replace(".", ""))
 
 
+def test_name_tokens_make_an_answer_copy_the_token_it_read(cases, root, tmp_path, monkeypatch):
+    """With NAME_TOKENS each word of an object's name is one whole-word token, in the saved and
+    reloaded tokenizer: the observation's name and the answer's are the same tokens (off, the
+    BPE spells them apart), and every turn is still a token prefix."""
+    from transformers import AutoTokenizer
+
+    case = next(c for c in cases if c.kind == "look_alike")
+    played = _play([replace(case, replies=["bipolar"]), replace(case, replies=["dissector"])], root)
+    observation, answer = message_text(played[0].requests[-1].messages[-1]), played[0].replies[-1]
+    assert "left instrument: bipolar" in observation and '"text":"bipolar"' in answer
+
+    def tokens(name_tokens: bool, folder):
+        monkeypatch.setattr(T, "NAME_TOKENS", name_tokens)
+        T.build_rows(folder, played, seed=0)       # encodes every episode: prefixes checked
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return tokenizer, tokenizer.tokenize(observation), tokenizer.tokenize(answer)
+
+    tokenizer, seen, said = tokens(True, tmp_path / "on")
+    assert T.name_words() == ["bipolar", "bulldog", "clamp", "dissector", "gauze", "needle", "tag"]
+    assert "bipolar" in seen and "bipolar" in said and "Ġbipolar" not in seen
+    for name in ("bipolar", "bulldog clamp", "gauze tag"):
+        observed = tokenizer.tokenize(f"small object: {name} (56x56)")
+        answered = tokenizer.tokenize(f'{{"text":"{name}"}}')
+        words = [t for t in observed if t.strip("Ġ") in T.name_words()]
+        assert words == name.split() and all(w in answered for w in words)
+    _, seen, said = tokens(False, tmp_path / "off")
+    assert "Ġbipolar" in seen and "Ġbipolar" not in said
+
+
 def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     """Two episodes (one per kind) learnt by heart, replayed by vLLM with constrained decoding."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
