@@ -48,6 +48,7 @@ def test_the_committed_orchestrator_is_this_recipes():
     assert orchestrator.get("digit_weight", 1.0) == O.DIGIT_WEIGHT   # reports before it: off
     assert orchestrator.get("focal_gamma", 0.0) == O.FOCAL_GAMMA
     assert orchestrator.get("whole_second_share", 0.0) == O.WHOLE_SECOND_SHARE
+    assert orchestrator.get("name_tokens", False) == O.NAME_TOKENS
     assert orchestrator["eval_seeds"] == list(O.EVAL_SEEDS) == _report()["eval_seeds"]
     assert orchestrator["held_out"]["episodes"] == 4 * len(O.EVAL_SEEDS)   # 2 questions per kind
 
