@@ -3,7 +3,7 @@ models train-tiny` trained alone (`train_orchestrator`) for several seeds, each 
 held-out sets (seeds 5000-5011, what its report scores, and 5100-5111). JSON on stdout.
 
     python benchmarks/orchestrator_seeds.py --seeds 0 1 [--digit-weight 3] [--focal-gamma 2]
-        [--whole-second-share 0.2] [--name-tokens] [--jobs 2]
+        [--whole-second-share 0.2] [--name-tokens] [--quote-in-thoughts] [--jobs 2]
     python benchmarks/orchestrator_seeds.py --checkpoint medclaw/checkpoints/tiny-trained/llm
     ATEN_CPU_CAPABILITY=avx2 python benchmarks/orchestrator_seeds.py --seeds 0 --digit-weight 3 --jobs 1
 
@@ -17,7 +17,9 @@ land from the committed score. `--digit-weight` sets `train_orchestrator.DIGIT_W
 recipe's: 1, the plain mean), `--focal-gamma` sets `train_orchestrator.FOCAL_GAMMA` (the recipe's: 2;
 0 is the plain cross-entropy), `--whole-second-share` sets `train_orchestrator.WHOLE_SECOND_SHARE`
 (the recipe's: 0), `--name-tokens` sets `train_orchestrator.NAME_TOKENS` (each word of an
-object's name one token, so an answer copies the observation's token). Each run is also scored on both sets asked at whole seconds
+object's name one token, so an answer copies the observation's token), `--quote-in-thoughts` sets
+`orchestrator_data.QUOTE_IN_THOUGHTS` (the expert's thoughts quote the asked time and the line
+read before the action copies them). Each run is also scored on both sets asked at whole seconds
 (`train_orchestrator.at_whole_second`: "At 17 s"), the copy the recipe gets wrong most; each
 score lists its misses (the question, the student's first wrong action and the expert's).
 """
@@ -35,13 +37,14 @@ SECOND_SET = tuple(range(5100, 5112))
 
 
 def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share: float,
-         name_tokens: bool) -> dict:
+         name_tokens: bool, quote_in_thoughts: bool) -> dict:
+    from medclaw.models import orchestrator_data as D
     from medclaw.models import train_orchestrator as O
     from medclaw.models.train_tiny import machine
 
     # in this spawned process only
     O.DIGIT_WEIGHT, O.FOCAL_GAMMA, O.WHOLE_SECOND_SHARE = digit_weight, focal_gamma, whole_second_share
-    O.NAME_TOKENS = name_tokens
+    O.NAME_TOKENS, D.QUOTE_IN_THOUGHTS = name_tokens, quote_in_thoughts
     with tempfile.TemporaryDirectory(prefix="medclaw-orch-seed-") as tmp:
         llm = Path(tmp) / "llm"
         report = O.train_orchestrator(llm, seed=seed, progress=False)
@@ -49,7 +52,7 @@ def _one(seed: int, digit_weight: float, focal_gamma: float, whole_second_share:
             "held_out": report["held_out"], "whole_second_5000": report["held_out_whole_second"]})
     return {"seed": seed, "digit_weight": report["digit_weight"],
             "focal_gamma": report["focal_gamma"], "whole_second_share": report["whole_second_share"],
-            "name_tokens": report["name_tokens"],
+            "name_tokens": report["name_tokens"], "quote_in_thoughts": report["quote_in_thoughts"],
             **scores, "loss_last": report["loss_last"], "train_s": report["train_s"],
             "machine": machine()}
 
@@ -76,6 +79,7 @@ def _score_sets(llm, tmp, known: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from medclaw.models import orchestrator_data as D
     from medclaw.models import train_orchestrator as O
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -95,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name-tokens", action=argparse.BooleanOptionalAction, default=O.NAME_TOKENS,
                         help="each word of an object's name its own token (default the recipe's, "
                              f"{O.NAME_TOKENS})")
+    parser.add_argument("--quote-in-thoughts", action=argparse.BooleanOptionalAction,
+                        default=D.QUOTE_IN_THOUGHTS,
+                        help="the expert's thoughts quote the asked time and the line read (default "
+                             f"the recipe's, {D.QUOTE_IN_THOUGHTS})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 <= args.focal_gamma <= 5:
@@ -116,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         n = len(args.seeds)
         runs = list(pool.map(_one, args.seeds, [args.digit_weight] * n, [args.focal_gamma] * n,
-                             [args.whole_second_share] * n, [args.name_tokens] * n))
+                             [args.whole_second_share] * n, [args.name_tokens] * n, [args.quote_in_thoughts] * n))
     json.dump({"recipe": {"steps": O.STEPS, "lr": O.LR, "batch": O.BATCH, "episodes": O.EPISODES,
                           "digit_weight": args.digit_weight, "focal_gamma": args.focal_gamma,
                           "whole_second_share": args.whole_second_share,
-                          "name_tokens": args.name_tokens},
+                          "name_tokens": args.name_tokens, "quote_in_thoughts": args.quote_in_thoughts},
                "eval_seeds": list(O.EVAL_SEEDS), "second_set": list(SECOND_SET), "runs": runs},
               sys.stdout, indent=1)
     print()

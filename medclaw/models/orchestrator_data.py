@@ -44,10 +44,20 @@ THOUGHT = {"small_object": "Zoom on the small object spot at that time.",
            "look_alike": "Zoom on the left instrument at that time.",
            "widen": "Nothing clear there: zoom again on a wider region.",
            "answer": "Answer with the name the region shows."}
+# With QUOTE_IN_THOUGHTS (off in the recipe) the expert's thoughts quote what its action then
+# copies: the asked time as the question writes it ("At 7.7 s, zoom on the left instrument.")
+# and the line the observation read ("The region reads left instrument: dissector."), in the
+# words of the source ("at 12.6 s" and "At 7.7 s," as synth.zoom's questions put them), so each
+# copied token follows the same tokens as in its source: a copy an induction head makes.
+QUOTE_IN_THOUGHTS = False
+QUOTED = {"small_object": "Zoom on the small object spot at {asked}.",
+          "look_alike": "At {asked}, zoom on the left instrument.",
+          "answer": "The region reads {field}: {name}."}
 WIDEN = 0.05
 NOT_SEEN = "not seen"
 IDEAL, EMPTY = "<ideal>", ""                    # verifier behaviours besides NOTHING and a name
 _OBSERVED_RE = re.compile(r"(small object|left instrument): ([a-z][a-z ]*)")
+ASKED_TIME_RE = re.compile(r"\d+(?:\.\d+)? s\b")        # "7.7 s", "17 s" in a question
 _REGION_RE = re.compile(r"x (\d+\.\d+)-(\d+\.\d+), y (\d+\.\d+)-(\d+\.\d+) of the frame")
 
 
@@ -115,12 +125,21 @@ def expert_reply(case: Case, request) -> str:
     messages = request.messages
     done = sum(1 for m in messages if m["role"] == "assistant")
     if done == 0:
-        return action(THOUGHT[case.kind], "crop_video_frame", crop_args(case, case.box))
+        return action(thought(case, case.kind), "crop_video_frame", crop_args(case, case.box))
     name = observed_name(message_text(messages[-1]), case.kind)
     if name is None and done == 1:
         return action(THOUGHT["widen"], "crop_video_frame", crop_args(case, widen(case.box)))
-    return action(THOUGHT["answer"], "final_answer",
+    return action(thought(case, "answer", name), "final_answer",
                   {"text": name or NOT_SEEN, "evidence_times": [number(case.time_s)]})
+
+
+def thought(case: Case, step: str, name: str | None = None) -> str:
+    """The expert's thought before its first crop (`step` the case's kind) or its answer
+    ("answer", `name` the name read or None): THOUGHT's, or QUOTED's with QUOTE_IN_THOUGHTS."""
+    if not QUOTE_IN_THOUGHTS or (step == "answer" and name is None):
+        return THOUGHT[step]
+    return QUOTED[step].format(asked=ASKED_TIME_RE.search(case.question).group(),
+                               field=FIELD[case.kind], name=name)
 
 
 def verifier_reply(case: Case, request, calls: list) -> str:

@@ -169,9 +169,6 @@ NAME_TOKENS = False
 
 # ------------------------------------------------------------------------------------ episodes
 
-_TIME_RE = re.compile(r"\d+(?:\.\d+)? s\b")
-
-
 def training_cases(videos, count: int, rng) -> list:
     """`count` cases drawn per CASE_MIX (see the module docstring, 1)."""
     from dataclasses import replace
@@ -209,7 +206,9 @@ def asked_at(case, t: float):
     verifier's ideal reply and the expert's actions follow the new time."""
     from dataclasses import replace
 
-    return replace(case, time_s=t, question=_TIME_RE.sub(f"{t:g} s", case.question, count=1))
+    from medclaw.models.orchestrator_data import ASKED_TIME_RE
+
+    return replace(case, time_s=t, question=ASKED_TIME_RE.sub(f"{t:g} s", case.question, count=1))
 
 
 def at_whole_second(case):
@@ -580,6 +579,7 @@ def build_rows(out, played: list, seed: int, sizes: dict = SIZES):
 def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line) -> dict:
     import numpy as np
 
+    from medclaw.models import orchestrator_data
     from medclaw.models.tiny import _write_weights
     from medclaw.models.train_tiny import fit_steps
 
@@ -596,7 +596,7 @@ def _fit(out, played, *, seed, steps, batch, lr, sizes, progress, rng, bar_line)
     weights = token_weights(tokenizer, DIGIT_WEIGHT) if DIGIT_WEIGHT != 1 else None
     report: dict = {"steps": steps, "batch": batch, "short_with_full": SHORT_WITH_FULL, "lr": lr,
                     "digit_weight": DIGIT_WEIGHT, "focal_gamma": FOCAL_GAMMA, "name_tokens": NAME_TOKENS,
-                    "sizes": sizes,
+                    "quote_in_thoughts": orchestrator_data.QUOTE_IN_THOUGHTS, "sizes": sizes,
                     "vocab_size": len(tokenizer),
                     "prompt_tokens": {"system": sorted({len(k) for k in keys}),
                                       "sequence_max": max(len(s) for s, _ in data),

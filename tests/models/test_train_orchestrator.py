@@ -287,6 +287,29 @@ def test_token_weights_weigh_the_ten_digits(cases, root, tmp_path):
     assert sum(float(weights[i]) > 1 for i in time_ids) == len(str(D.number(cases[0].time_s)).replace(".", ""))
 
 
+def test_quoting_thoughts_quote_the_asked_time_and_the_line_read(cases, root, monkeypatch):
+    """With QUOTE_IN_THOUGHTS the expert's first thought quotes the asked time in the question's
+    own words (a whole second too), its answer's the observation's line; the actions are the
+    same as without."""
+    plain = _play(cases, root)
+    monkeypatch.setattr(D, "QUOTE_IN_THOUGHTS", True)
+    whole = [T.at_whole_second(c) for c in cases if c.time_s != int(c.time_s)][:2]
+    quoted = _play(cases + whole, root)
+    for ep in quoted:
+        first, last = _args(ep.replies[0]), _args(ep.replies[-1])
+        asked = D.ASKED_TIME_RE.search(ep.case.question).group()
+        lead = f"At {asked}," if ep.case.kind == "look_alike" else f"at {asked}"
+        assert lead in ep.case.question and lead in first["thought"], (ep.case.question, first)
+        line = f"{D.FIELD[ep.case.kind]}: {last['args']['text']}"
+        assert line in message_text(ep.requests[-1].messages[-1]) and line in last["thought"]
+        assert ep.replies == ep.expected and ep.status == "answered"
+    assert whole and all("." not in D.ASKED_TIME_RE.search(w.question).group() for w in whole)
+    for before, after in zip(plain, quoted):
+        assert [{**_args(r), "thought": ""} for r in before.replies] == \
+            [{**_args(r), "thought": ""} for r in after.replies]
+        assert before.replies != after.replies
+
+
 def test_name_tokens_make_an_answer_copy_the_token_it_read(cases, root, tmp_path, monkeypatch):
     """With NAME_TOKENS each word of an object's name is one whole-word token, in the saved and
     reloaded tokenizer: the observation's name and the answer's are the same tokens (off, the
