@@ -40,6 +40,7 @@ def test_report_names_the_command_and_shows_the_zoom_gain():
 def test_the_committed_orchestrator_is_this_recipes():
     """Its report names the recipe in the code (a recipe change without a retrain fails here),
     scored on the VLM's held-out videos."""
+    from medclaw.models import orchestrator_data
     from medclaw.models import train_orchestrator as O
 
     orchestrator = _report()["orchestrator"]
@@ -49,6 +50,7 @@ def test_the_committed_orchestrator_is_this_recipes():
     assert orchestrator.get("focal_gamma", 0.0) == O.FOCAL_GAMMA
     assert orchestrator.get("whole_second_share", 0.0) == O.WHOLE_SECOND_SHARE
     assert orchestrator.get("name_tokens", False) == O.NAME_TOKENS
+    assert orchestrator.get("quote_in_thoughts", False) == orchestrator_data.QUOTE_IN_THOUGHTS
     assert orchestrator["eval_seeds"] == list(O.EVAL_SEEDS) == _report()["eval_seeds"]
     assert orchestrator["held_out"]["episodes"] == 4 * len(O.EVAL_SEEDS)   # 2 questions per kind
 
