@@ -163,7 +163,8 @@ FOCAL_GAMMA = 2.0
 # the name an observation reads ("left instrument: bipolar": the space a token apart) and the
 # name the answer writes ('"text":"bipolar"') are one token and answering is a plain copy.
 # Off (False), the BPE spells the first as "Ġbipolar" and the second as "bipolar": two tokens
-# per name, a mapping the model has to learn (module doc, Status).
+# per name, a mapping the model has to learn. On, seeds 0 and 1 scored 0.92 and 0.60 (recipe
+# 0.96 and 0.73; seed 1 still names the other look-alike): the recipe keeps it off (module doc).
 NAME_TOKENS = False
 
 
