@@ -119,7 +119,6 @@ The expert, its cases, the videos and the playing of episodes live in `orchestra
 from __future__ import annotations
 
 import asyncio
-import re
 import tempfile
 import time
 from pathlib import Path
