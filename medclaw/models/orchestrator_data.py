@@ -49,6 +49,8 @@ THOUGHT = {"small_object": "Zoom on the small object spot at that time.",
 # and the line the observation read ("The region reads left instrument: dissector."), in the
 # words of the source ("at 12.6 s" and "At 7.7 s," as synth.zoom's questions put them), so each
 # copied token follows the same tokens as in its source: a copy an induction head makes.
+# Trained alone, seeds 0-3 named no look-alike wrongly (the recipe's seed 1: half of them);
+# not yet retrained into the committed miniature (train_orchestrator's Status).
 QUOTE_IN_THOUGHTS = False
 QUOTED = {"small_object": "Zoom on the small object spot at {asked}.",
           "look_alike": "At {asked}, zoom on the left instrument.",
