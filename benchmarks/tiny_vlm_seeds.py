@@ -3,12 +3,15 @@ trained alone (`train_tiny(..., orchestrator=False)`) for several seeds, each sc
 held-out seeds as train-tiny scores it (whole frame, region, one-shot request). JSON on stdout.
 
     python benchmarks/tiny_vlm_seeds.py --seeds 0 1 2 3 4 [--steps 2400] [--lr 1.5e-3] [--jobs 2]
-        [--min-pixels 7056] [--warmup-part 5] [--focal-gamma 2] > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
+        [--min-pixels 7056] [--warmup-part 5] [--focal-gamma 2] [--mark-pattern stripes]
+        > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
 
 `--min-pixels` trains and scores the VLM with regions of at least that many pixels instead of
 the profile's (`train_tiny.MIN_PIXELS`); `--warmup-part N` warms the rate up over the first 1/N
 of the steps instead of the recipe's (`train_tiny.WARMUP_PART`); `--focal-gamma G` trains with
-a focal loss (`train_tiny.FOCAL_GAMMA`; the recipe's 2; 0 is the plain cross-entropy). Each run reports, per question
+a focal loss (`train_tiny.FOCAL_GAMMA`; the recipe's 2; 0 is the plain cross-entropy);
+`--mark-pattern stripes` draws the look-alike mark as one-pixel stripes whose mean is the
+instrument's colour (`synth.zoom.MARK_PATTERN`; the recipe's: solid). Each run reports, per question
 kind and view, what the VLM read for each gold answer (`confusion`), so a name never said shows.
 
 Each run is a spawned process on one thread (`train_tiny.THREADS`), `--jobs` at a time (one per
@@ -26,11 +29,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def _one(seed: int, steps: int, lr: float | None, min_pixels: int, warmup_part: int,
-         focal_gamma: float) -> dict:
+         focal_gamma: float, mark_pattern: str) -> dict:
     from medclaw.models import train_tiny as T
+    from medclaw.synth import zoom
 
-    # in this spawned process only
+    # in this spawned process only (it renders its own videos)
     T.MIN_PIXELS, T.WARMUP_PART, T.FOCAL_GAMMA = min_pixels, warmup_part, focal_gamma
+    zoom.MARK_PATTERN = mark_pattern
     with tempfile.TemporaryDirectory(prefix="medclaw-vlm-seed-") as tmp:
         report = T.train_tiny(tmp, seed=seed, steps=steps, progress=False, lr=lr, orchestrator=False)
     return {"seed": seed, "steps": steps, "lr": lr, "accuracy": report.accuracy,
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--focal-gamma", type=float, default=T.FOCAL_GAMMA,
                         help=f"focal loss exponent (default the recipe's, {T.FOCAL_GAMMA}; 0 is "
                              "the plain cross-entropy)")
+    parser.add_argument("--mark-pattern", choices=sorted(zoom.MARK_WORDS), default=zoom.MARK_PATTERN,
+                        help=f"how the look-alike mark is drawn (default the recipe's, "
+                             f"{zoom.MARK_PATTERN}; stripes: one-pixel columns a downscale averages away)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 < args.min_pixels <= T.MAX_PIXELS:
@@ -70,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         runs = list(pool.map(_one, args.seeds, [args.steps] * n, [args.lr] * n,
                              [args.min_pixels] * n, [args.warmup_part] * n,
-                             [args.focal_gamma] * n))
+                             [args.focal_gamma] * n, [args.mark_pattern] * n))
     json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH,
                           "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH,
                           "min_pixels": args.min_pixels, "warmup_part": args.warmup_part,
-                          "focal_gamma": args.focal_gamma, "mark_fraction": zoom.MARK_FRACTION},
+                          "focal_gamma": args.focal_gamma, "mark_fraction": zoom.MARK_FRACTION,
+                          "mark_pattern": args.mark_pattern},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()
     return 0

@@ -202,9 +202,10 @@ class TrainReport:
     clip_every: int = 0
     clip_batch: int = 0
     # the loss's focal exponent (FOCAL_GAMMA) and the look-alike mark of the videos trained and
-    # scored on (synth.zoom.MARK_FRACTION); reports before them: 0.0 and 0.07
+    # scored on (synth.zoom.MARK_FRACTION, MARK_PATTERN); reports before them: 0.0, 0.07, solid
     focal_gamma: float = 0.0
     mark_fraction: float = 0.07
+    mark_pattern: str = "solid"
     wall_s: float = 0.0
     loss_first: float = 0.0
     loss_last: float = 0.0
@@ -410,7 +411,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                          oneshot_batch=ONESHOT_BATCH if ONESHOT_EVERY else 0,
                          clip_every=CLIP_EVERY, clip_batch=CLIP_BATCH if CLIP_EVERY else 0,
                          focal_gamma=FOCAL_GAMMA, mark_fraction=zoom.MARK_FRACTION,
-                         machine=machine())
+                         mark_pattern=zoom.MARK_PATTERN, machine=machine())
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     background = _start_orchestrator(out / "llm", seed, progress) if orchestrator else None

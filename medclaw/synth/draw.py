@@ -1,8 +1,8 @@
 """Drawing primitives for the synthetic video: phase scenes, instrument sprites, two canvases.
 
-The renderer draws every frame with five operations (`load` a pre-converted scene, `fill` a
-rectangle, `paint` a masked sprite, draw the barcode `strip`, read `data`). Two canvases implement
-them:
+The renderer draws every frame with six operations (`load` a pre-converted scene, `fill` a
+rectangle, `paint` a masked sprite, colour a rectangle column by column (`stripes`), draw the barcode
+`strip`, read `data`). Two canvases implement them:
 
 - `YUVCanvas` (fast path, what `synthesize` uses): draws straight into a planar yuv420p buffer,
   which is what x264 encodes. Feeding ffmpeg yuv420p instead of rgb24 halves the bytes through the
@@ -108,6 +108,16 @@ class YUVCanvas:
         self.u[y0 // 2:(y0 + h) // 2, x0 // 2:(x0 + w) // 2][mask.half] = cu
         self.v[y0 // 2:(y0 + h) // 2, x0 // 2:(x0 + w) // 2][mask.half] = cv
 
+    def stripes(self, y0: int, y1: int, x0: int, x1: int, columns: np.ndarray) -> None:
+        """Rows y0..y1 of x0..x1 coloured by column: `columns` (x1 - x0, 3) RGB. Chroma per 2×2
+        block from the mean of its two columns, as `rgb_to_yuv420` takes it from the reference."""
+        cols = columns.astype(np.float32)
+        self.y[y0:y1, x0:x1] = [yuv_color(c)[0] for c in cols]
+        pairs = cols.reshape(-1, 2, 3).mean(axis=1)
+        chroma = np.asarray([yuv_color(c)[1:] for c in pairs], np.uint8)          # (n/2, 2)
+        self.u[y0 // 2:y1 // 2, x0 // 2:x1 // 2] = chroma[:, 0]
+        self.v[y0 // 2:y1 // 2, x0 // 2:x1 // 2] = chroma[:, 1]
+
     def strip(self, row: np.ndarray, rows: int) -> None:
         """Barcode: `row` (W,) of 0/255 repeated over the top `rows` rows (even), neutral chroma."""
         self.y[:rows] = self._row_luma[row // 255][None, :]
@@ -137,6 +147,9 @@ class RGBCanvas:
     def paint(self, y0: int, x0: int, mask: Mask, color) -> None:
         h, w = mask.full.shape
         self.rgb[y0:y0 + h, x0:x0 + w][mask.full] = color
+
+    def stripes(self, y0: int, y1: int, x0: int, x1: int, columns: np.ndarray) -> None:
+        self.rgb[y0:y1, x0:x1] = columns[None]
 
     def strip(self, row: np.ndarray, rows: int) -> None:
         self.rgb[:rows] = row[None, :, None]

@@ -6,7 +6,8 @@ adds, on a random stream of its own (`seed`, 101), so the base schedule is never
 - small instruments (`small_instruments`): tiny objects (`SMALL_OBJECTS`, a few pixels at
   the video's size) that lie in a fixed spot of the field for a few seconds each;
 - look-alike instruments (`look_alikes`): two instruments of one colour and one shape
-  (`LOOK_ALIKES`), told apart only by a small white mark at the tip of one of them;
+  (`LOOK_ALIKES`), told apart only by a small mark at the tip of one of them (`MARK_PATTERN`:
+  a white square, or one-pixel stripes that a downscaled whole frame averages away);
 - short events (`short_events`): cautery flashes lasting `FLASH_S` seconds, shorter than the
   gap between frames of a whole-video pass, each followed by an instrument brought in.
 
@@ -31,6 +32,15 @@ SMALL_OBJECTS: dict[str, tuple[int, int, int]] = {
 }
 LOOK_ALIKE_COLOR = (150, 0, 255)
 MARK_COLOR = (255, 255, 255)
+# How the mark is drawn. "solid": a white square (MARK_COLOR) on the marked one. "stripes"
+# (`mark_columns`): on the marked one, a square of one-pixel columns of two colours whose mean
+# is LOOK_ALIKE_COLOR (they differ in red only: green is 0 and blue 255 already); on the other,
+# the same square flat in LOOK_ALIKE_COLOR. Any downscale that averages pixels - the whole frame
+# at 140x84 is 0.44 of a 320x180 video - sees the same flat square on both, while a crop at more
+# than a pixel per pixel resolves the columns (luma ~54 levels apart).
+MARK_PATTERN = "solid"
+MARK_STRIPES = ((255, 0, 255), (45, 0, 255))
+MARK_WORDS = {"solid": "a white mark", "stripes": "a striped mark"}
 # name -> carries the mark. Same colour, same shape ("fork").
 LOOK_ALIKES: dict[str, bool] = {"dissector": False, "bipolar": True}
 FLASH_COLOR = (255, 255, 150)
@@ -145,6 +155,29 @@ def make_zoom_truth(options: ZoomOptions, seed: int, num_frames: int, fps: float
     return zoom
 
 
+def mark_square(width: int, height: int) -> tuple[int, int, int, int]:
+    """(y0, y1, x0, x1) of the look-alike mark: at the tip of the shaft, where the jaws meet."""
+    g = geometry(width, height)
+    size, m = g["look_alike"], g["mark"]
+    x, y = corner(LOOK_ALIKE_XY, size, width, height)
+    x0, y0 = x + even_int(0.55 * size) - m // 2, y + even_int(0.5 * size) - m // 2
+    return y0, y0 + m, x0, x0 + m
+
+
+def mark_columns(size: int):
+    """(size, 3) uint8 RGB, column by column, of the striped mark: MARK_STRIPES alternating, the
+    first and last column half-way to their mean. Without that taper a downscale's window that
+    takes in an edge column and not its partner leaves the edge ~27 levels off the flat square's;
+    with it, at most ~6 (`tests/synth/test_zoom.py`)."""
+    import numpy as np
+
+    light, dark = (np.asarray(c, np.float64) for c in MARK_STRIPES)
+    columns = np.stack([light if k % 2 == 0 else dark for k in range(size)])
+    mean = (light + dark) / 2
+    columns[[0, -1]] = (columns[[0, -1]] + mean) / 2
+    return np.round(columns).astype(np.uint8)
+
+
 def visible_at(zoom: dict, kind: str, frame: int) -> list[str]:
     """Names of the `kind` visits on screen at `frame`."""
     return sorted(v["name"] for v in zoom.get("visits", [])
@@ -157,7 +190,7 @@ def zoom_question(kind: str, t: float) -> str:
         return (f"Which small object lies in the field at {t:g} s: "
                 + ", ".join(n.replace("_", " ") for n in SMALL_OBJECTS) + "?")
     return (f"At {t:g} s, is the instrument on the left the dissector or the bipolar (the one "
-            "with a white mark at its tip)?")
+            f"with {MARK_WORDS[MARK_PATTERN]} at its tip)?")
 
 
 def _zoom_qa(zoom: dict, rng) -> list[dict]:
@@ -208,12 +241,15 @@ class ZoomPainter:
                 x, y = corner(LOOK_ALIKE_XY, size, width, height)
                 self.items.append((v["start_frame"], v["end_frame"],
                                    ("paint", y, x, Mask.of(fork), LOOK_ALIKE_COLOR)))
+                y0, y1, x0, x1 = square = mark_square(width, height)
                 if LOOK_ALIKES[v["name"]]:
-                    m = g["mark"]       # at the tip of the shaft, where the jaws meet
-                    mx = x + even_int(0.55 * size) - m // 2
-                    my = y + even_int(0.5 * size) - m // 2
+                    draw = {"solid": ("fill", *square, MARK_COLOR),
+                            "stripes": ("stripes", *square, mark_columns(x1 - x0))}
+                    self.items.append((v["start_frame"], v["end_frame"], draw[MARK_PATTERN]))
+                elif MARK_PATTERN == "stripes":
+                    # The other one's tip is the stripes' mean, flat: the square itself is no cue.
                     self.items.append((v["start_frame"], v["end_frame"],
-                                       ("fill", my, my + m, mx, mx + m, MARK_COLOR)))
+                                       ("fill", *square, LOOK_ALIKE_COLOR)))
         r = g["flash_r"]
         yy, xx = np.ogrid[0:2 * r, 0:2 * r]
         disc = Mask.of((xx + 0.5 - r) ** 2 + (yy + 0.5 - r) ** 2 <= r * r)

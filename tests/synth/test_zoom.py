@@ -119,3 +119,75 @@ def test_pixels_follow_the_ground_truth(zoom_video, frames):
             assert _in_box(frames[f], flash["box"], FLASH_COLOR) == 0
     for f in (0, gt.num_frames // 2, gt.num_frames - 1):
         assert read_frame_index(frames[f]) == f                       # barcodes unaffected
+
+
+def _look_alike_views(gt, visit, name: str):
+    """(whole frame, region) views of the middle of `visit` drawn with `name` there, as the frame
+    tools size them (`models.train_data.view` under the tiny-trained budgets), from the RGB
+    reference canvas (no encoder in between)."""
+    import copy
+    import dataclasses
+
+    from medclaw.models import train_data, train_tiny
+    from medclaw.synth.draw import RGBCanvas
+    from medclaw.synth.video import _Renderer
+
+    zoom = copy.deepcopy(gt.zoom)
+    [drawn] = [v for v in zoom["visits"] if v["start_frame"] == visit["start_frame"]
+               and v["kind"] == "look_alike"]
+    drawn["name"] = name
+    index = (visit["start_frame"] + visit["end_frame"]) // 2
+    [canvas] = _Renderer(dataclasses.replace(gt, zoom=zoom), 5, canvas_type=RGBCanvas).frames([index])
+    frames = canvas.rgb[None].copy()                                   # (1, H, W, 3)
+    budget = train_tiny._Budget()
+    return (train_data.view(frames, 0, budget).astype(int),
+            train_data.view(frames, 0, budget, visit["box"]).astype(int))
+
+
+def test_a_striped_mark_is_averaged_away_in_the_whole_frame_and_resolved_in_a_crop(monkeypatch):
+    """MARK_PATTERN "stripes": the bipolar's whole frame is the dissector's to within a few
+    levels (the columns' mean is the flat square's colour), while its region differs by far more
+    and shows column-to-column contrast; the solid white mark shows in both views."""
+    from medclaw.synth import zoom as zoom_module
+
+    def views(pattern):
+        monkeypatch.setattr(zoom_module, "MARK_PATTERN", pattern)
+        gt = make_ground_truth(0.4, seed=5, width=W, height=H, fps=FPS,
+                               zoom=ZoomOptions(look_alikes=True))
+        visit = next(v for v in gt.zoom["visits"] if v["kind"] == "look_alike")
+        return _look_alike_views(gt, visit, "bipolar"), _look_alike_views(gt, visit, "dissector")
+
+    (whole_b, region_b), (whole_d, region_d) = views("stripes")
+    assert np.abs(whole_b - whole_d).max() <= 8
+    assert np.abs(region_b - region_d).max() >= 60
+    columns = lambda region: np.abs(np.diff(region[..., 0], axis=1)).max()     # red, column to column
+    assert columns(region_b) >= columns(region_d) + 60
+    assert "with a striped mark at its tip" in zoom_module.zoom_question("look_alike", 3.0)
+    (whole_b, region_b), (whole_d, region_d) = views("solid")
+    assert np.abs(whole_b - whole_d).max() >= 60                    # the white square shows whole
+    assert np.abs(region_b - region_d).max() >= 60
+    assert "with a white mark at its tip" in zoom_module.zoom_question("look_alike", 3.0)
+
+
+def test_the_striped_mark_is_drawn_alike_on_both_canvases(monkeypatch):
+    """The yuv420p canvas synthesize() encodes draws the stripes as the RGB reference + BT.601
+    does: luma everywhere, chroma of every 2x2 block of the mark (two columns' mean)."""
+    from medclaw.synth import zoom as zoom_module
+    from medclaw.synth.draw import RGBCanvas, rgb_to_yuv420
+    from medclaw.synth.video import _Renderer
+
+    monkeypatch.setattr(zoom_module, "MARK_PATTERN", "stripes")
+    gt = make_ground_truth(0.4, seed=5, width=W, height=H, fps=FPS, zoom=ZoomOptions(look_alikes=True))
+    visit = next(v for v in gt.zoom["visits"] if v["name"] == "bipolar")
+    index = (visit["start_frame"] + visit["end_frame"]) // 2
+    [fast] = [c.data.copy() for c in _Renderer(gt, 5).frames([index])]
+    [ref] = [c.rgb.copy() for c in _Renderer(gt, 5, canvas_type=RGBCanvas).frames([index])]
+    want = rgb_to_yuv420(ref)
+    assert np.array_equal(fast[:H * W], want[:H * W])
+    y0, y1, x0, x1 = zoom_module.mark_square(W, H)
+    assert (ref[y0:y1, x0:x1] == zoom_module.mark_columns(x1 - x0)[None]).all()   # stripes drawn
+    for offset in (H * W, H * W * 5 // 4):                              # U, then V
+        got = fast[offset:offset + H * W // 4].reshape(H // 2, W // 2)
+        ref_plane = want[offset:offset + H * W // 4].reshape(H // 2, W // 2)
+        block = (slice(y0 // 2, y1 // 2), slice(x0 // 2, x1 // 2))
+        assert np.array_equal(got[block], ref_plane[block])
