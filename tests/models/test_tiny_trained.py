@@ -81,6 +81,8 @@ def test_the_seed_benchmark_ran_the_committed_recipe():
     assert seeds["recipe"].get("focal_gamma", 0.0) == report.get("focal_gamma", 0.0) == T.FOCAL_GAMMA
     assert (seeds["recipe"].get("mark_fraction", 0.07) == report.get("mark_fraction", 0.07)
             == zoom.MARK_FRACTION)                  # the videos it saw: reports before it, 0.07
+    assert (seeds["recipe"].get("mark_pattern", "solid") == report.get("mark_pattern", "solid")
+            == zoom.MARK_PATTERN)                   # reports before it: the solid mark
     seed0 = next(run for run in seeds["runs"] if run["seed"] == report["seed"])
     assert seed0["accuracy"] == report["accuracy"]
     assert seed0["loss_last"] == report["loss_last"]

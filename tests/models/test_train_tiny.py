@@ -335,9 +335,13 @@ def test_train_tiny_reproduces_the_committed_scores(tmp_path, capsys):
     before = committed["orchestrator"]["held_out"]["action_accuracy"]
     assert abs(actions - before) <= 0.15, (actions, before, where)
     if "held_out_whole_second" in committed["orchestrator"]:       # reports before it lack it
+        # Questions asked at a whole second are a blind spot whose score is mostly the float
+        # path's draw: seed 0 scored 0.12 on the AMD EPYC host and 0.31 on an Intel Xeon, the
+        # recipe's seeds 0-2 on one host 0.08-0.33 (docs/tiny-trained.md), so 0.15 would fail a
+        # faithful retrain on another CPU; 0.35 still catches a recipe that lost or gained it.
         whole = report["orchestrator"]["held_out_whole_second"]["action_accuracy"]
         before = committed["orchestrator"]["held_out_whole_second"]["action_accuracy"]
-        assert abs(whole - before) <= 0.15, (whole, before, where)
+        assert abs(whole - before) <= 0.35, (whole, before, where)
     assert T.meets_targets(report["accuracy"]), report["accuracy"]
     assert report["targets_met"] == (actions >= T.ORCHESTRATOR_TARGET)
 
