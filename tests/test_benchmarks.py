@@ -1,6 +1,7 @@
 """benchmarks/plot_decode.py turns a decode JSON into a chart, and says what is wrong with bad JSON;
-benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer; the VLM seed
-benchmark's arguments are checked before any training starts."""
+benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer; the seed
+benchmarks' arguments are checked before any training starts, and the orchestrator's sets
+every training setting its flags name."""
 from __future__ import annotations
 
 import importlib.util
@@ -56,8 +57,13 @@ def test_bad_input_is_one_line(tmp_path, text):
     ("tiny_vlm_seeds", ["--seeds", "0", "--warmup-part", "0"], "--warmup-part"),
     ("tiny_vlm_seeds", ["--seeds", "0", "--steps", "10", "--warmup-part", "11"],
      "--warmup-part must be in 1..10"),
-    ("tiny_vlm_seeds", ["--seeds", "0", "--min-pixels", "0"], "--min-pixels")])
-def test_vlm_benchmarks_refuse_bad_arguments_in_one_line(name, args, message, capsys):
+    ("tiny_vlm_seeds", ["--seeds", "0", "--min-pixels", "0"], "--min-pixels"),
+    ("orchestrator_seeds", [], "give --seeds"),
+    ("orchestrator_seeds", ["--seeds", "0", "--checkpoint", "x"], "give --seeds"),
+    ("orchestrator_seeds", ["--checkpoint", "/nonexistent"], "not a model folder"),
+    ("orchestrator_seeds", ["--seeds", "0", "--focal-gamma", "9"], "--focal-gamma"),
+    ("orchestrator_seeds", ["--seeds", "0", "--whole-second-share", "2"], "--whole-second-share")])
+def test_seed_benchmarks_refuse_bad_arguments_in_one_line(name, args, message, capsys):
     """Checked before any model loads or trains."""
     with pytest.raises(SystemExit) as err:
         _benchmark(name).main(args)
@@ -76,3 +82,24 @@ def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
         assert all(set(read) == {gold} for gold, read in region.items()), (kind, region)
         assert out["accuracy"][kind]["region"] == 1.0
 
+
+
+def test_the_orchestrator_seed_benchmark_sets_each_setting_it_names(monkeypatch):
+    """Every setting in benchmarks/orchestrator_seeds.py's table is a flag whose default is the
+    recipe's value, and applying settings sets exactly the module constants named."""
+    from medclaw.models import orchestrator_data as D
+    from medclaw.models import train_orchestrator as O
+
+    seeds = _benchmark("orchestrator_seeds")
+    recipe = seeds.recipe_settings()
+    assert recipe == {"digit_weight": O.DIGIT_WEIGHT, "focal_gamma": O.FOCAL_GAMMA,
+                      "whole_second_share": O.WHOLE_SECOND_SHARE, "name_tokens": O.NAME_TOKENS,
+                      "quote_in_thoughts": D.QUOTE_IN_THOUGHTS}
+    for name in recipe:                      # restored after the test
+        module, attr = seeds.SETTINGS[name]
+        monkeypatch.setattr(__import__(module, fromlist=[attr]), attr, recipe[name])
+    changed = {"digit_weight": 3.0, "focal_gamma": 0.5, "whole_second_share": 0.25,
+               "name_tokens": not O.NAME_TOKENS, "quote_in_thoughts": not D.QUOTE_IN_THOUGHTS}
+    seeds.apply_settings(changed)
+    assert seeds.recipe_settings() == changed
+    assert (O.DIGIT_WEIGHT, O.FOCAL_GAMMA, D.QUOTE_IN_THOUGHTS) == (3.0, 0.5, changed["quote_in_thoughts"])
