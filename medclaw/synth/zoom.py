@@ -13,6 +13,7 @@ adds, on a random stream of its own (`seed`, 101), so the base schedule is never
 
 Ground truth goes to `GroundTruth.zoom` (absent from the JSON when no option is on):
     options      the ZoomOptions as a dict
+    mark_pattern "stripes" when the look-alike mark is striped (absent: the solid white mark)
     visits       [{kind: "small" | "look_alike", name, start_s, end_s, start_frame, end_frame,
                    box: [x1, y1, x2, y2]}]   box: normalised to the frame, where the object is drawn
     flashes      [{time_s, frame, end_frame, box, instrument_in_after: {instrument, time_s} | None}]
@@ -151,6 +152,8 @@ def make_zoom_truth(options: ZoomOptions, seed: int, num_frames: int, fps: float
                             "instrument_in_after": ({"instrument": after[0]["instrument"],
                                                      "time_s": after[0]["time_s"]} if after else None)})
     zoom = {"options": options.to_dict(), "visits": visits, "flashes": flashes}
+    if MARK_PATTERN != "solid":               # the solid mark's truth stays as it always was
+        zoom["mark_pattern"] = MARK_PATTERN
     zoom["qa"] = _zoom_qa(zoom, rng)
     return zoom
 
@@ -241,10 +244,10 @@ class ZoomPainter:
                 x, y = corner(LOOK_ALIKE_XY, size, width, height)
                 self.items.append((v["start_frame"], v["end_frame"],
                                    ("paint", y, x, Mask.of(fork), LOOK_ALIKE_COLOR)))
-                y0, y1, x0, x1 = square = mark_square(width, height)
+                square = mark_square(width, height)
                 if LOOK_ALIKES[v["name"]]:
                     draw = {"solid": ("fill", *square, MARK_COLOR),
-                            "stripes": ("stripes", *square, mark_columns(x1 - x0))}
+                            "stripes": ("stripes", *square, mark_columns(square[3] - square[2]))}
                     self.items.append((v["start_frame"], v["end_frame"], draw[MARK_PATTERN]))
                 elif MARK_PATTERN == "stripes":
                     # The other one's tip is the stripes' mean, flat: the square itself is no cue.

@@ -163,10 +163,15 @@ def test_a_striped_mark_is_averaged_away_in_the_whole_frame_and_resolved_in_a_cr
     columns = lambda region: np.abs(np.diff(region[..., 0], axis=1)).max()     # red, column to column
     assert columns(region_b) >= columns(region_d) + 60
     assert "with a striped mark at its tip" in zoom_module.zoom_question("look_alike", 3.0)
+    striped = make_ground_truth(0.4, seed=5, width=W, height=H, fps=FPS, zoom=ZoomOptions(look_alikes=True))
+    assert striped.zoom["mark_pattern"] == "stripes"
+    assert all("striped mark" in qa["question"] for qa in striped.zoom["qa"] if qa["kind"] == "look_alike")
     (whole_b, region_b), (whole_d, region_d) = views("solid")
     assert np.abs(whole_b - whole_d).max() >= 60                    # the white square shows whole
     assert np.abs(region_b - region_d).max() >= 60
     assert "with a white mark at its tip" in zoom_module.zoom_question("look_alike", 3.0)
+    assert "mark_pattern" not in make_ground_truth(0.4, seed=5, width=W, height=H, fps=FPS,
+                                                   zoom=ZoomOptions(look_alikes=True)).zoom
 
 
 def test_the_striped_mark_is_drawn_alike_on_both_canvases(monkeypatch):
