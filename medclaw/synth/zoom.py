@@ -34,13 +34,16 @@ SMALL_OBJECTS: dict[str, tuple[int, int, int]] = {
 LOOK_ALIKE_COLOR = (150, 0, 255)
 MARK_COLOR = (255, 255, 255)
 # How the mark is drawn. "solid": a white square (MARK_COLOR) on the marked one. "stripes"
-# (`mark_columns`): on the marked one, a square of one-pixel columns of two colours whose mean
-# is LOOK_ALIKE_COLOR (they differ in red only: green is 0 and blue 255 already); on the other,
-# the same square flat in LOOK_ALIKE_COLOR. Any downscale that averages pixels - the whole frame
-# at 140x84 is 0.44 of a 320x180 video - sees the same flat square on both, while a crop at more
-# than a pixel per pixel resolves the columns (luma ~54 levels apart).
+# (`mark_columns`): on the marked one, a square of one-pixel columns, light and dark grey
+# (MARK_STRIPES); on the other, the same square flat in their mean grey. Any downscale that
+# averages pixels - the whole frame at 140x84 is 0.44 of a 320x180 video - sees the same grey
+# square on both, while a crop at more than a pixel per pixel resolves the columns. Grey, so the
+# columns differ in luma only (~172 levels), which H.264 keeps at full resolution; a first try
+# in the instrument's own colour could differ in red only (~54 levels), and the encoder left
+# ~a tenth of that in a region (docs/tiny-trained.md).
 MARK_PATTERN = "solid"
-MARK_STRIPES = ((255, 0, 255), (45, 0, 255))
+MARK_STRIPES = ((228, 228, 228), (28, 28, 28))
+MARK_FLAT = tuple((a + b) // 2 for a, b in zip(*MARK_STRIPES))
 MARK_WORDS = {"solid": "a white mark", "stripes": "a striped mark"}
 # name -> carries the mark. Same colour, same shape ("fork").
 LOOK_ALIKES: dict[str, bool] = {"dissector": False, "bipolar": True}
@@ -252,7 +255,7 @@ class ZoomPainter:
                 elif MARK_PATTERN == "stripes":
                     # The other one's tip is the stripes' mean, flat: the square itself is no cue.
                     self.items.append((v["start_frame"], v["end_frame"],
-                                       ("fill", *square, LOOK_ALIKE_COLOR)))
+                                       ("fill", *square, MARK_FLAT)))
         r = g["flash_r"]
         yy, xx = np.ogrid[0:2 * r, 0:2 * r]
         disc = Mask.of((xx + 0.5 - r) ** 2 + (yy + 0.5 - r) ** 2 <= r * r)
