@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                           "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH,
                           "min_pixels": args.min_pixels, "warmup_part": args.warmup_part,
                           "focal_gamma": args.focal_gamma, "mark_fraction": zoom.MARK_FRACTION,
-                          "mark_pattern": args.mark_pattern},
+                          "mark_pattern": args.mark_pattern,
+                          **({"mark_stripes": zoom.MARK_STRIPES} if args.mark_pattern == "stripes" else {})},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()
     return 0
