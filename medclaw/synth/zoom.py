@@ -40,7 +40,8 @@ MARK_COLOR = (255, 255, 255)
 # square on both, while a crop at more than a pixel per pixel resolves the columns. Grey, so the
 # columns differ in luma only (~172 levels), which H.264 keeps at full resolution; a first try
 # in the instrument's own colour could differ in red only (~54 levels), and the encoder left
-# ~a tenth of that in a region (docs/tiny-trained.md).
+# ~a tenth of that in a region. Off: trained on grey stripes, the VLM read look-alikes only from
+# the region, as meant, but read needles as gauze tags (docs/tiny-trained.md, striped mark).
 MARK_PATTERN = "solid"
 MARK_STRIPES = ((228, 228, 228), (28, 28, 28))
 MARK_FLAT = tuple((a + b) // 2 for a, b in zip(*MARK_STRIPES))
@@ -174,7 +175,7 @@ def mark_columns(size: int):
     """(size, 3) uint8 RGB, column by column, of the striped mark: MARK_STRIPES alternating, the
     first and last column half-way to their mean. Without that taper a downscale's window that
     takes in an edge column and not its partner leaves the edge ~27 levels off the flat square's;
-    with it, at most ~6 (`tests/synth/test_zoom.py`)."""
+    with it, under 8 (`tests/synth/test_zoom.py`)."""
     import numpy as np
 
     light, dark = (np.asarray(c, np.float64) for c in MARK_STRIPES)
