@@ -4,6 +4,7 @@
     medclaw models resolve [--config FILE] [--profile NAME] [--model ROLE=PRESET_OR_PATH ...]
     medclaw models make-tiny [DIR] [--seed N]
     medclaw models train-tiny OUT [--seed N] [--steps N]
+    medclaw models train-distiller OUT [--orchestrator DIR] [--seed N]
     medclaw models import NAME SRC [--copy] [--force]
     medclaw models verify NAME
     medclaw models plan [PROFILE] [--gpus 4x80GB] [--concurrency N] [--decode-device cuda] [--json]
@@ -68,6 +69,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="the VLM's optimiser steps (default: the recipe's; the orchestrator's are fixed)")
     p.set_defaults(handler=_train_tiny)
+
+    p = sub.add_parser("train-distiller", help="fine-tune the miniature's orchestrator to review episodes "
+                       "for `medclaw distill` (CPU)",
+                       description="Play synthetic zoom episodes that end right, misread, missed or "
+                       "looked at the wrong time; let a scripted reviewer diagnose each (A/B/C) and write "
+                       "the lesson of each A as a skill, through distillation's own prompts and "
+                       "skill_manage tool; fine-tune a copy of the orchestrator on those replies and score "
+                       "it on held-out seeds (transformers, one thread, about 10 minutes). Writes the "
+                       "model folder OUT with OUT/distiller-report.json and OUT/MANIFEST.sha256.")
+    p.add_argument("out", help="output folder (must not exist or be empty)")
+    p.add_argument("--orchestrator", default=None,
+                   help="the orchestrator folder to start from (default: the committed tiny-trained one)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (default 0, the committed one)")
+    p.set_defaults(handler=_train_distiller)
 
     p = sub.add_parser("import", help="import a local model folder into the store")
     p.add_argument("name", help="preset or model name, e.g. qwen2.5-vl-7b")
@@ -189,6 +204,29 @@ def _train_tiny(args) -> int:
               f"{json.dumps(report.accuracy)}, orchestrator actions "
               f"{report.orchestrator['held_out']['action_accuracy']}); see train-report.json",
               file=sys.stderr)
+    return 0
+
+
+def _train_distiller(args) -> int:
+    from pathlib import Path
+
+    from medclaw.errors import ConfigError
+    from medclaw.models.train_distiller import train_distiller
+    from medclaw.models.train_tiny import COMMITTED
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out} exists and is not an empty folder; choose a new OUT")
+    source = Path(args.orchestrator) if args.orchestrator else COMMITTED / "llm"
+    if not (source / "model.safetensors").is_file():
+        raise ConfigError(f"--orchestrator {source}: no model.safetensors there")
+    report = train_distiller(out, source, seed=args.seed, progress=sys.stderr.isatty())
+    print(json.dumps({k: v for k, v in report.items() if k != "losses"}, indent=2))
+    if not report["targets_met"]:
+        held = report["held_out"]
+        print(f"medclaw: the distiller misses its held-out targets (diagnoses "
+              f"{held['diagnosis_accuracy']}, lessons written {held['lessons_written']}); "
+              f"see {out}/distiller-report.json", file=sys.stderr)
     return 0
 
 

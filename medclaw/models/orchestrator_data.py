@@ -85,6 +85,7 @@ class Episode:
     expected: list                  # the expert's reply to each same request
     status: str
     answer: str | None
+    trace: str | None = None        # the episode's trace file (the real loop writes one)
 
 
 def number(value: float):
@@ -224,7 +225,8 @@ async def play(case: Case, specs: dict, trace_dir: str, student=None, frames=Non
     # not runtime.close(): the frame source and the student belong to the caller, and the
     # scripted backends hold nothing
     return Episode(case=case, requests=recorder.requests, replies=recorder.replies,
-                   expected=recorder.expected, status=result.status, answer=result.answer)
+                   expected=recorder.expected, status=result.status, answer=result.answer,
+                   trace=result.trace_path)
 
 
 # ----------------------------------------------------- videos, cases, playing them all

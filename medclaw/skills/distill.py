@@ -124,7 +124,7 @@ def _parse_diagnosis(text: str) -> dict | None:
     return {"category": data["category"], "reason": str(data.get("reason", ""))}
 
 
-async def _diagnose(orchestrator, record, answer, summary, config, episode_config) -> dict:
+async def diagnose(orchestrator, record, answer, summary, config, episode_config) -> dict:
     from medclaw.requests.conversation import Conversation
     from medclaw.skills.prompts import DIAGNOSE_SYSTEM, diagnose_turn
 
@@ -141,7 +141,7 @@ async def _diagnose(orchestrator, record, answer, summary, config, episode_confi
             "raw": result.text, "model": result.model_name, "revision": result.model_revision}
 
 
-async def _write_lesson(orchestrator, tool: SkillManageTool, record, answer, reason, summary,
+async def write_lesson(orchestrator, tool: SkillManageTool, record, answer, reason, summary,
                         config, episode_config) -> dict:
     """The lesson-writing loop: at most `lesson_steps` skill_manage calls, until one writes."""
     from medclaw.engine.episode import generation_schema
@@ -204,11 +204,11 @@ async def mine(records, runtime, episode_config, candidates: CandidateSet, out_d
         summary = "(no trace)"
         if result.trace_path and Path(result.trace_path).is_file():
             summary = episode_summary(Trace.load(result.trace_path))
-        row["diagnosis"] = await _diagnose(orchestrator, record, result.answer, summary, config, cfg)
+        row["diagnosis"] = await diagnose(orchestrator, record, result.answer, summary, config, cfg)
         row["lesson"] = None
         if row["diagnosis"]["category"] == "A":
             tool.source = item.id
-            row["lesson"] = await _write_lesson(orchestrator, tool, record, result.answer,
+            row["lesson"] = await write_lesson(orchestrator, tool, record, result.answer,
                                                 row["diagnosis"]["reason"], summary, config, cfg)
         rows.append(row)
         if on_event is not None:
