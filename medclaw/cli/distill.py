@@ -103,7 +103,7 @@ def _handle(args) -> int:
     async def main():
         try:
             with console.status("starting engines…") as status:
-                for role in ("orchestrator", "video_expert", "frame_verifier", "judge"):
+                for role in ("orchestrator", "video_expert", "frame_verifier", "judge", "distiller"):
                     if role in runtime.specs:
                         status.update(f"starting the {role} engine…")
                         await runtime.get_backend(role)

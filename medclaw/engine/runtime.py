@@ -129,9 +129,19 @@ class Runtime:
             self._by_key[key] = backend
         future.set_result(backend)
 
+    def _assigned(self, role: str) -> str:
+        """`role`, or the role an optional one falls back on when nothing assigns it (a runtime
+        of pre-built backends without a `distiller`: the orchestrator's reviews)."""
+        from medclaw.models.spec import ROLE_FALLBACK
+
+        if role in ROLE_FALLBACK and role not in self._by_role and role not in self.specs:
+            return ROLE_FALLBACK[role]
+        return role
+
     def backend(self, role: str):
         """The backend serving `role`, built on first request (blocking: the sync path)."""
         self._check_open()
+        role = self._assigned(role)
         if role not in self._by_role:
             self._by_role[role] = self._build(role).result()
         return self._by_role[role]
@@ -139,6 +149,7 @@ class Runtime:
     async def get_backend(self, role: str):
         """`backend(role)` without blocking the event loop (see the module docstring)."""
         self._check_open()
+        role = self._assigned(role)
         if role not in self._by_role:
             # wrap_future's cancel cannot stop the build (the future is already running)
             self._by_role[role] = await asyncio.wrap_future(self._build(role))

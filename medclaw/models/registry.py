@@ -16,6 +16,10 @@ A user config is YAML; it may contain other top-level sections (`episode:`, …)
       judge: {preset: qwen2.5-14b, max_model_len: 16384}
       orchestrator: {path: ./weights/orch, architecture: Qwen2ForCausalLM}
 
+A role of `spec.ROLE_FALLBACK` (`distiller`) that nothing assigns is the role it falls back on
+(the orchestrator's spec, so one engine for both); assigned, it starts from that role's profile
+entry.
+
 A model entry (or override) that names a folder keeps the role's budgets and reads the
 architecture from the folder's config.json, so swapping a backbone is one line or one flag.
 Paths are local, always: a missing folder raises ModelNotFoundError with the import command.
@@ -35,7 +39,7 @@ from medclaw.config_file import read_config_file, read_yaml_mapping
 from medclaw.config_file import profile_name as choose_profile
 from medclaw.errors import ConfigError, ModelNotFoundError
 from medclaw.models import store
-from medclaw.models.spec import ROLES, ModelSpec
+from medclaw.models.spec import ROLE_FALLBACK, ROLES, ModelSpec
 
 PRESETS_FILE = Path(__file__).with_name("presets.yaml")
 SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec))
@@ -115,9 +119,12 @@ def _validate_catalog(cat: Catalog, where: str) -> None:
         if scheme not in SOURCES:
             raise ConfigError(f"{where}: preset {name!r}: unknown source {scheme!r}; use one of {sorted(SOURCES)}")
     for name, profile in cat.profiles.items():
-        roles = profile.get("roles") or {}
-        if set(roles) != set(ROLES):
-            raise ConfigError(f"{where}: profile {name!r} must assign every role {list(ROLES)}")
+        roles = set(profile.get("roles") or {})
+        required = set(ROLES) - set(ROLE_FALLBACK)
+        if not required <= roles <= set(ROLES):
+            raise ConfigError(f"{where}: profile {name!r} must assign every role "
+                              f"{[r for r in ROLES if r in required]} (and may assign "
+                              f"{', '.join(ROLE_FALLBACK)}), not {sorted(roles)}")
         for backend, fields in (profile.get("defaults") or {}).items():
             _check_entry(fields, f"{where}: profile {name!r} defaults.{backend}", allow_preset=False)
 
@@ -159,7 +166,11 @@ def load_models(config_path: str | os.PathLike | None = None, profile: str | Non
 
     specs = {}
     for role in ROLES:
-        fields = _apply(cat, defaults, {}, prof["roles"][role], base_dir, f"profile {profile_name!r} {role}")
+        if not any(role in table for table in (prof["roles"], user_models, overrides or {})):
+            specs[role] = specs[ROLE_FALLBACK[role]]          # an optional role left unassigned
+            continue
+        entry = prof["roles"].get(role, prof["roles"].get(ROLE_FALLBACK.get(role)))
+        fields = _apply(cat, defaults, {}, entry, base_dir, f"profile {profile_name!r} {role}")
         if role in user_models:
             fields = _apply(cat, defaults, fields, user_models[role], base_dir, f"{where}: models.{role}")
         if overrides and role in overrides:

@@ -12,7 +12,11 @@ from dataclasses import asdict, dataclass, field
 from medclaw.errors import ConfigError
 from medclaw.models.engine_args import check_endpoints, check_extra
 
-ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge", "encoder")
+ROLES = ("orchestrator", "video_expert", "frame_verifier", "judge", "encoder", "distiller")
+# Roles a profile, a config or `--model` may leave unassigned: they then take the model of the
+# role named here (the same spec, so the same engine). `distiller` diagnoses mining episodes and
+# writes lessons as skills in `medclaw distill` (`skills.distill`).
+ROLE_FALLBACK = {"distiller": "orchestrator"}
 OUTPUT_FORMATS = ("plain", "think_answer")          # think_answer: <think>…</think><answer>…</answer>
 QUANTIZATIONS = (None, "awq", "gptq", "fp8", "bnb-4bit", "bnb-8bit", "bitsandbytes")
 

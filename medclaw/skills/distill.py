@@ -4,11 +4,12 @@
                            out_dir=OUT, config=DistillConfig(delta=0.05, max_candidates=5))
 
 1. Mine. Each mining question is answered blind by the agent with the test-time tools (a normal
-   episode on the library as it is). Then the orchestrator sees the gold and diagnoses the gap
+   episode on the library as it is). Then the `distiller` role's model (the orchestrator's unless a
+   profile or config assigns one) sees the gold and diagnoses the gap
    (schema-constrained): A operational (another way of looking would have caught it), B
    unreachable (narration, intent, pathology, pixels the backbone cannot resolve) or C already
    correct. Only A yields a lesson.
-2. Write. For each A, the orchestrator writes the lesson through the `skill_manage` tool
+2. Write. For each A, the distiller writes the lesson through the `skill_manage` tool
    (`skills.manage`), which shows it the library first and turns a near-duplicate into an update
    of the existing skill; at most `max_candidates` candidates. Nothing is written to disk yet.
 3. Gate. R_0 = mean judge Avg over the validation set with the library as it is. Each candidate
@@ -45,7 +46,7 @@ class DistillConfig:
     delta: float = 0.05
     max_candidates: int = 5
     max_drop: float = 2.0
-    lesson_steps: int = 4               # orchestrator turns to write one lesson
+    lesson_steps: int = 4               # distiller turns to write one lesson
     reason_max_chars: int = 300
 
     def __post_init__(self) -> None:
@@ -124,15 +125,16 @@ def _parse_diagnosis(text: str) -> dict | None:
     return {"category": data["category"], "reason": str(data.get("reason", ""))}
 
 
-async def diagnose(orchestrator, record, answer, summary, config, episode_config) -> dict:
+async def diagnose(model, record, answer, summary, config, episode_config) -> dict:
+    """The model's diagnosis of one mining episode (schema-constrained where the backend can)."""
     from medclaw.requests.conversation import Conversation
     from medclaw.skills.prompts import DIAGNOSE_SYSTEM, diagnose_turn
 
     limit = min(config.reason_max_chars, episode_config.max_string_chars or config.reason_max_chars)
     conversation = Conversation(system=DIAGNOSE_SYSTEM)
     conversation.add_user(diagnose_turn(record, answer, summary))
-    schema = _schema_diagnosis(limit) if orchestrator.supports_json_schema else None
-    result = await orchestrator.generate_one(conversation.to_request(
+    schema = _schema_diagnosis(limit) if model.supports_json_schema else None
+    result = await model.generate_one(conversation.to_request(
         max_tokens=episode_config.orchestrator_max_tokens, temperature=0.0, json_schema=schema,
         request_id=f"diagnose-{record.id}"))
     parsed = _parse_diagnosis(result.text)
@@ -141,7 +143,7 @@ async def diagnose(orchestrator, record, answer, summary, config, episode_config
             "raw": result.text, "model": result.model_name, "revision": result.model_revision}
 
 
-async def write_lesson(orchestrator, tool: SkillManageTool, record, answer, reason, summary,
+async def write_lesson(model, tool: SkillManageTool, record, answer, reason, summary,
                         config, episode_config) -> dict:
     """The lesson-writing loop: at most `lesson_steps` skill_manage calls, until one writes."""
     from medclaw.engine.episode import generation_schema
@@ -154,10 +156,10 @@ async def write_lesson(orchestrator, tool: SkillManageTool, record, answer, reas
     conversation = Conversation(system=LESSON_SYSTEM + "\n\n" + tool_section(specs))
     listing = (await tool.run(None, {"action": "list"})).text      # the library, read first
     conversation.add_user(lesson_turn(record, answer, reason, summary, listing))
-    schema = generation_schema(specs, episode_config, 0.0) if orchestrator.supports_json_schema else None
+    schema = generation_schema(specs, episode_config, 0.0) if model.supports_json_schema else None
     actions = []
     for turn in range(config.lesson_steps):
-        result = await orchestrator.generate_one(conversation.to_request(
+        result = await model.generate_one(conversation.to_request(
             max_tokens=episode_config.orchestrator_max_tokens,
             temperature=episode_config.orchestrator_temperature, json_schema=schema,
             request_id=f"lesson-{record.id}-{turn + 1}"))
@@ -195,7 +197,7 @@ async def mine(records, runtime, episode_config, candidates: CandidateSet, out_d
     cfg = replace(episode_config, trace_dir=str(out_dir / "mine" / "traces"))
     items = [BatchItem(video=r.video, question=r.question, id=f"mine-{safe_id(r.id)}") for r in records]
     results = await run_batch(items, runtime, cfg, video_infos=video_infos)
-    orchestrator = await runtime.get_backend("orchestrator")
+    distiller = await runtime.get_backend("distiller")
     tool = SkillManageTool(candidates)
     rows = []
     for record, item, result in zip(records, items, results):
@@ -204,11 +206,11 @@ async def mine(records, runtime, episode_config, candidates: CandidateSet, out_d
         summary = "(no trace)"
         if result.trace_path and Path(result.trace_path).is_file():
             summary = episode_summary(Trace.load(result.trace_path))
-        row["diagnosis"] = await diagnose(orchestrator, record, result.answer, summary, config, cfg)
+        row["diagnosis"] = await diagnose(distiller, record, result.answer, summary, config, cfg)
         row["lesson"] = None
         if row["diagnosis"]["category"] == "A":
             tool.source = item.id
-            row["lesson"] = await write_lesson(orchestrator, tool, record, result.answer,
+            row["lesson"] = await write_lesson(distiller, tool, record, result.answer,
                                                 row["diagnosis"]["reason"], summary, config, cfg)
         rows.append(row)
         if on_event is not None:

@@ -41,7 +41,8 @@ def test_every_shipped_profile_fits_the_hardware_its_description_names(profile):
     assert plan.fits, plan.table()
     assert plan.gpus == mp.parse_gpus(entry["gpus"])
     placement = plan.placement
-    assert set(placement) == {"orchestrator", "video_expert", "frame_verifier", "judge"}
+    assert set(placement) == {"orchestrator", "video_expert", "frame_verifier", "judge", "distiller"}
+    assert placement["distiller"] == placement["orchestrator"]     # unassigned: the same engine
     for engine in plan.engines:
         assert engine.total <= engine.utilization * min(plan.gpus)       # fits what vLLM claims
         assert all(len(replica) == engine.tp for replica in engine.gpus)

@@ -9,7 +9,7 @@ import pytest
 
 from medclaw.errors import ConfigError, ModelNotFoundError
 from medclaw.models import registry
-from medclaw.models.spec import ROLES
+from medclaw.models.spec import ROLE_FALLBACK, ROLES
 from medclaw.models.store import import_model
 
 
@@ -153,7 +153,7 @@ def test_every_preset_is_a_valid_spec_and_every_profile_covers_all_roles():
         spec = registry.preset_spec(name, build=False)
         assert spec.name == name and spec.architecture
     for profile in cat.profiles.values():
-        assert set(profile["roles"]) == set(ROLES)
+        assert set(ROLES) - set(ROLE_FALLBACK) <= set(profile["roles"]) <= set(ROLES)
         # a role entry is a preset name, or a preset plus field overrides
         assert all((entry if isinstance(entry, str) else entry["preset"]) in cat.presets
                    for entry in profile["roles"].values())
@@ -171,3 +171,27 @@ def test_importing_the_registry_stays_light():
             "'numpy') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_the_distiller_is_the_orchestrator_unless_assigned():
+    """`distiller` (medclaw distill's reviewer) is optional: unassigned it is the orchestrator's
+    spec, also after the orchestrator is overridden; tiny-trained assigns its own; a folder given
+    for it keeps the orchestrator's budgets. The other roles stay required in a profile."""
+    specs = registry.load_models(profile="tiny-cpu", build=False)
+    assert specs["distiller"] is specs["orchestrator"]
+    from medclaw.models.train_tiny import COMMITTED
+
+    folder = COMMITTED / "llm"                 # any real model folder
+    specs = registry.load_models(profile="tiny-cpu", overrides={"orchestrator": str(folder)}, build=False)
+    assert specs["distiller"] is specs["orchestrator"] and specs["distiller"].path == str(folder.resolve())
+    trained = registry.load_models(profile="tiny-trained", build=False)
+    assert trained["distiller"].name == "tiny-trained-distiller"
+    assert trained["distiller"].path != trained["orchestrator"].path
+    specs = registry.load_models(profile="tiny-cpu", overrides={"distiller": str(folder)}, build=False)
+    assert specs["distiller"].path == str(folder.resolve()) != specs["orchestrator"].path
+    assert specs["distiller"].max_model_len == specs["orchestrator"].max_model_len
+    cat = registry.catalog()
+    broken = {name: dict(p, roles={r: e for r, e in p["roles"].items() if r != "judge"})
+              for name, p in cat.profiles.items()}
+    with pytest.raises(ConfigError, match="must assign every role"):
+        registry._validate_catalog(registry.Catalog(presets={}, profiles=broken), "test")
