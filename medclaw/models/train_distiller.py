@@ -63,6 +63,8 @@ WHOLE_SECOND_SHARE = 0.3                      # questions asked at a whole secon
 CANDIDATE_LISTED_SHARE = 0.3                  # lessons whose listing already holds the candidate
 TIME_TOL = 0.05
 TARGET = 0.9                                  # held-out diagnoses right, and A lessons written
+# The committed distiller (presets.yaml: tiny-trained-distiller), with its report and manifest.
+COMMITTED_DISTILLER = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-trained-distiller"
 CATEGORY_OF_RUN = {"right": "C", "misread": "B", "missed": "B", "elsewhere": "A"}
 
 REASON = {"A": "The agent looked at another time than the question asks; a crop at the asked "
