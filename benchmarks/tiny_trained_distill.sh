@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `medclaw distill` on the trained miniature (`tiny-trained`): mine the agent's failures on held-out
-# synthetic zoom questions, let the orchestrator write lessons, and gate every candidate skill on a
-# validation set with the profile's judge (R_0, R_s, verdict for each). That judge is the untrained
-# tiny LLM: the run shows the method works end to end on this profile, its verdicts mean nothing.
+# synthetic zoom questions, let the profile's distiller (tiny-trained-distiller, the orchestrator
+# fine-tuned to review: `medclaw models train-distiller`) diagnose them and write lessons, and gate
+# every candidate skill on a validation set with the profile's judge (R_0, R_s, verdict for each).
+# That judge is the untrained tiny LLM, and the distiller diagnoses 0.60 of its held-out reviews
+# right (its distiller-report.json): the run shows the method works end to end on this profile, its
+# verdicts mean nothing.
 #
 #   benchmarks/tiny_trained_distill.sh [OUT_DIR] [FIRST_SEED]     (default artifacts/distill-tiny, 6000)
 #
