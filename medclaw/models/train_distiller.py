@@ -35,6 +35,11 @@ copy of it, by imitation of a scripted reviewer, as the orchestrator learnt its 
    model through the transformers backend, schema-constrained like vLLM: the diagnosis right,
    by run kind, and the lessons written (`held_out`).
 
+Status: the committed distiller (`COMMITTED_DISTILLER`) misses TARGET: held out it diagnoses 0.60
+of the reviews as the scripted reviewer does (writing the lesson for every A it names); its
+training loss falls to 0.001, so it learns the episodes, not the comparisons
+(docs/tiny-trained.md, "The distiller").
+
 Deterministic in `seed` on one machine (data draws, batch draws; the start is the committed
 orchestrator's weights). Runs on one thread (train_tiny.THREADS).
 """
