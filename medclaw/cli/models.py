@@ -76,7 +76,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                        "looked at the wrong time; let a scripted reviewer diagnose each (A/B/C) and write "
                        "the lesson of each A as a skill, through distillation's own prompts and "
                        "skill_manage tool; fine-tune a copy of the orchestrator on those replies and score "
-                       "it on held-out seeds (transformers, one thread, about 10 minutes). Writes the "
+                       "it on held-out seeds (transformers, one thread, about 30 minutes). Writes the "
                        "model folder OUT with OUT/distiller-report.json and OUT/MANIFEST.sha256.")
     p.add_argument("out", help="output folder (must not exist or be empty)")
     p.add_argument("--orchestrator", default=None,

@@ -144,7 +144,7 @@ async def diagnose(model, record, answer, summary, config, episode_config) -> di
 
 
 async def write_lesson(model, tool: SkillManageTool, record, answer, reason, summary,
-                        config, episode_config) -> dict:
+                       config, episode_config) -> dict:
     """The lesson-writing loop: at most `lesson_steps` skill_manage calls, until one writes."""
     from medclaw.engine.episode import generation_schema
     from medclaw.engine.orchestrator_prompt import tool_section
@@ -211,7 +211,7 @@ async def mine(records, runtime, episode_config, candidates: CandidateSet, out_d
         if row["diagnosis"]["category"] == "A":
             tool.source = item.id
             row["lesson"] = await write_lesson(distiller, tool, record, result.answer,
-                                                row["diagnosis"]["reason"], summary, config, cfg)
+                                               row["diagnosis"]["reason"], summary, config, cfg)
         rows.append(row)
         if on_event is not None:
             on_event(f"mined {record.id}: {row['diagnosis']['category'] or 'unparsed'}"
