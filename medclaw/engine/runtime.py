@@ -130,12 +130,18 @@ class Runtime:
         future.set_result(backend)
 
     def _assigned(self, role: str) -> str:
-        """`role`, or the role an optional one falls back on when nothing assigns it (a runtime
-        of pre-built backends without a `distiller`: the orchestrator's reviews)."""
+        """`role`, or the role an optional one falls back on (`spec.ROLE_FALLBACK`) when it has
+        no engine of its own and no model of its own: unassigned, or assigned the fallback's
+        model. Pre-built backends (tests, an embedding app) are held by role only, so without
+        this an unassigned `distiller` would start a second engine of the orchestrator's model."""
         from medclaw.models.spec import ROLE_FALLBACK
 
-        if role in ROLE_FALLBACK and role not in self._by_role and role not in self.specs:
-            return ROLE_FALLBACK[role]
+        fallback = ROLE_FALLBACK.get(role)
+        if fallback is None or role in self._by_role:
+            return role
+        if role not in self.specs or (fallback in self.specs and self.share_key(self.specs[role])
+                                      == self.share_key(self.specs[fallback])):
+            return fallback
         return role
 
     def backend(self, role: str):

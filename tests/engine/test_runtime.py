@@ -113,6 +113,28 @@ async def test_injected_backends_are_used_as_given(tmp_path, built):
     assert Owned.closes == 0 and built[0].closed == 1          # the caller's engine keeps running
 
 
+async def test_the_distiller_uses_the_orchestrators_engine_unless_it_has_a_model_of_its_own(tmp_path, built):
+    """An unassigned distiller (the registry gives it the orchestrator's spec, or none) reviews
+    on the orchestrator's engine, also an injected one; one with its own folder gets its own."""
+    from medclaw.engine.backends.fake import ScriptedBackend
+
+    given = ScriptedBackend(["{}"])
+    specs = _specs(tmp_path)
+    for distiller in (specs["orchestrator"], None):
+        with_role = dict(specs, **({"distiller": distiller} if distiller else {}))
+        runtime = Runtime(with_role, backends={"orchestrator": given})
+        assert await runtime.get_backend("distiller") is given
+        assert runtime.backend("distiller") is given
+        await runtime.close()
+    assert built == []
+    own = tmp_path / "distiller"
+    own.mkdir()
+    runtime = Runtime(dict(specs, distiller=ModelSpec(name="d", path=str(own), backend="fake")),
+                      backends={"orchestrator": given})
+    assert await runtime.get_backend("distiller") is built[0] and built[0].spec.name == "d"
+    await runtime.close()
+
+
 async def test_close_closes_every_backend_even_when_one_fails(tmp_path, built):
     runtime = Runtime(_specs(tmp_path))
     first = await runtime.get_backend("orchestrator")
