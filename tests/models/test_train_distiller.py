@@ -132,8 +132,9 @@ def test_the_committed_distiller_is_the_committed_orchestrator_fine_tuned():
 @pytest.mark.engine
 def test_the_distiller_served_by_vllm_reviews_held_out_episodes(tmp_path, trained_specs):
     """The committed distiller on vLLM (what `medclaw distill` serves it with, schema-constrained)
-    diagnoses episodes of a held-out video as the scripted reviewer does, in each way an
-    episode can end, and writes the lesson for each A through the real skill_manage tool."""
+    reviews the episodes of a held-out video, played in each way an episode can end: every reply
+    parses, its diagnoses beat a constant one, and each A writes the lesson through the real
+    skill_manage tool."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
 
     backend = VLLMBackend(trained_specs["distiller"])
