@@ -11,8 +11,11 @@
 #
 # Renders 2 mining videos (seeds FIRST_SEED..) and 2 validation videos (FIRST_SEED+100..), 0.5 min
 # each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1047), 8 small-object
-# and look-alike questions each, and writes OUT_DIR/run/distill_report.{md,json}. The library
-# grown is OUT_DIR/library (the shipped skills apply too); nothing outside OUT_DIR is written.
+# and look-alike questions each, asked at whole seconds ("at 17 s": `--whole-seconds`, the form
+# whose time the trained orchestrator miscopies, so its failures are ones a lesson could fix; asked
+# at tenths it answers these sets right), and writes OUT_DIR/run/distill_report.{md,json}. The
+# library grown is OUT_DIR/library (the shipped skills apply too); nothing outside OUT_DIR is
+# written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-artifacts/distill-tiny}"
@@ -20,9 +23,9 @@ SEED="${2:-6000}"
 MEDCLAW="${MEDCLAW:-.venv/bin/medclaw}"
 rm -rf "$OUT"
 "$MEDCLAW" eval make-synthetic "$OUT/mine" --videos 2 --minutes 0.5 --seed "$SEED" --zoom \
-  --families small_object,look_alike
+  --whole-seconds --families small_object,look_alike
 "$MEDCLAW" eval make-synthetic "$OUT/val" --videos 2 --minutes 0.5 --seed "$((SEED + 100))" --zoom \
-  --families small_object,look_alike
+  --whole-seconds --families small_object,look_alike
 "$MEDCLAW" distill --mine "$OUT/mine/dataset.jsonl" --val "$OUT/val/dataset.jsonl" \
   --library "$OUT/library" --profile tiny-trained --out "$OUT/run" --max-candidates 3
 cat "$OUT/run/distill_report.md"

@@ -6,7 +6,7 @@ compare backbones.
                  [--format auto|medclaw|medclawbench|svu31k] [--on-bad-record stop|skip]
                  [--max-steps N] [--limit N]
     medclaw eval make-synthetic OUT_DIR --videos N --minutes M [--seed S] [--per-video K]
-                                [--zoom] [--families F,...]
+                                [--zoom [--whole-seconds]] [--families F,...]
     medclaw eval report DIR
     medclaw eval compare RUN_DIR... [--out DIR]
 
@@ -92,6 +92,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--families", metavar="F[,F...]",
                        help="keep only these question families, e.g. small_object,look_alike "
                             "(default: all)")
+    synth.add_argument("--whole-seconds", action="store_true",
+                       help="with --zoom: ask small-object and look-alike questions at a whole "
+                            "second inside the same visit ('at 17 s'), same answers")
     synth.set_defaults(handler=_make_synthetic)
 
     report = sub.add_parser("report", help="(re)write DIR/report.{md,json,png}")
@@ -116,6 +119,8 @@ def _make_synthetic(args) -> int:
         raise ConfigError(f"--videos must be between 1 and 1000, got {args.videos}")
     if not 0.2 <= args.minutes <= 240:
         raise ConfigError(f"--minutes must be between 0.2 and 240, got {args.minutes:g}")
+    if args.whole_seconds and not args.zoom:
+        raise ConfigError("--whole-seconds changes the zoom questions: add --zoom")
     if args.per_video is not None and args.per_video < 1:
         raise ConfigError(f"--per-video must be >= 1, got {args.per_video}")
     try:
@@ -126,6 +131,7 @@ def _make_synthetic(args) -> int:
         path = make_synthetic(args.out_dir, videos=args.videos, minutes=args.minutes, seed=args.seed,
                               width=width, height=height, fps=args.fps, split=args.split,
                               per_video=args.per_video, zoom=args.zoom,
+                              whole_seconds=args.whole_seconds,
                               families=tuple(f.strip() for f in args.families.split(",") if f.strip())
                               if args.families else None)
     except ValueError as err:                       # the generator's size / length checks, families

@@ -26,6 +26,11 @@ told apart by a small mark, short flashes) and its questions join the families:
 `families` keeps only the named families (default: all of them). Questions are interleaved by
 family so that `per_video` keeps a mix. Ids are `v<k>-<family>-<n>`. Deterministic from the
 arguments.
+
+`whole_seconds=True` asks the small-object and look-alike questions at a whole second inside the
+same visit ("at 17 s" rather than "at 17.4 s"; `at_whole_second`), same answers: the form in
+which the trained miniature's orchestrator copies the time wrongly (docs/tiny-trained.md), so a
+distillation run on it has failures a lesson could fix.
 """
 from __future__ import annotations
 
@@ -133,8 +138,36 @@ def _with_longer_names(choices: list[str]) -> list[str]:
     return choices + [n for n in every if n not in choices and any(names(n, c) for c in choices)]
 
 
-def _zoom(gt: GroundTruth) -> list[list[dict]]:
-    """The zoom questions of `gt` (`synth.zoom`), one list per family."""
+# The zoom question kinds that name a moment, and the `synth.zoom` visit kind they ask about.
+VISIT_OF_QUESTION = {"small_object": "small", "look_alike": "look_alike"}
+WHOLE_SECOND_MARGIN_S = 0.25      # a whole-second moment stays this far inside its visit
+
+
+def at_whole_second(gt: GroundTruth, q: dict) -> dict:
+    """Zoom question `q` asked at the whole second ("at 17 s") nearest its moment that lies
+    inside the same visit (WHOLE_SECOND_MARGIN_S from either end), so the answer is unchanged;
+    checked against the ground truth's own `visible_at`. ValueError when the visit holds no
+    whole second (visits last at least 2 s, so only a broken ground truth does that)."""
+    import math
+
+    from medclaw.synth.zoom import visible_at, zoom_question
+
+    t, kind = q["evidence_times_s"][0], VISIT_OF_QUESTION[q["kind"]]
+    visit = next(v for v in gt.zoom["visits"] if v["kind"] == kind and v["start_s"] <= t < v["end_s"])
+    seconds = range(math.ceil(visit["start_s"] + WHOLE_SECOND_MARGIN_S),
+                    math.floor(visit["end_s"] - WHOLE_SECOND_MARGIN_S) + 1)
+    if not seconds:
+        raise ValueError(f"the {kind} visit at {visit['start_s']:.2f}-{visit['end_s']:.2f} s "
+                         f"holds no whole second to ask at")
+    s = min(seconds, key=lambda k: (abs(k - t), k))
+    if visible_at(gt.zoom, kind, gt.frame_at(s)) != [visit["name"]]:
+        raise ValueError(f"at {s} s the ground truth does not show {visit['name']} alone")
+    return {**q, "question": zoom_question(q["kind"], float(s)), "evidence_times_s": [float(s)]}
+
+
+def _zoom(gt: GroundTruth, whole_seconds: bool = False) -> list[list[dict]]:
+    """The zoom questions of `gt` (`synth.zoom`), one list per family; with `whole_seconds`
+    the small-object and look-alike ones asked at a whole second (`at_whole_second`)."""
     from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
     choices = {"small_object": _with_longer_names([_label(n) for n in SMALL_OBJECTS]),
@@ -142,6 +175,8 @@ def _zoom(gt: GroundTruth) -> list[list[dict]]:
                "short_event": [_label(n) for n in INSTRUMENT_NAMES]}
     families: dict[str, list[dict]] = {kind: [] for kind in ZOOM_QUESTIONS}
     for q in (gt.zoom or {}).get("qa", []):
+        if whole_seconds and q["kind"] in VISIT_OF_QUESTION:
+            q = at_whole_second(gt, q)
         times = q["evidence_times_s"]
         window = ([_round(times[0] - ZOOM_WINDOW_S), _round(times[0] + ZOOM_WINDOW_S)]
                   if len(times) == 1 else [_round(min(times)), _round(max(times))])
@@ -158,13 +193,14 @@ ZOOM_QUESTIONS = ("small_object", "look_alike", "short_event")
 ZOOM_WINDOW_S = 0.5
 
 
-def questions_for(gt: GroundTruth, seed: int, families: tuple[str, ...] | None = None) -> list[dict]:
+def questions_for(gt: GroundTruth, seed: int, families: tuple[str, ...] | None = None,
+                  whole_seconds: bool = False) -> list[dict]:
     """The question dicts of one video, interleaved by family (see module docstring)."""
     import numpy as np
 
     rng = np.random.default_rng(seed + 7919)    # apart from the renderer's own stream
     lists = [_before_after(gt), _counts(gt), _presence(gt, rng), _phase(gt, rng),
-             _phase_content(gt, rng), *(_zoom(gt) if gt.zoom else [])]
+             _phase_content(gt, rng), *(_zoom(gt, whole_seconds) if gt.zoom else [])]
     families = [[q for q in f if families is None or q["subtype"] in families] for f in lists]
     out, depth = [], max(len(f) for f in families)
     for level in range(depth):
@@ -175,7 +211,7 @@ def questions_for(gt: GroundTruth, seed: int, families: tuple[str, ...] | None =
 def make_synthetic(out_dir: str | Path, *, videos: int, minutes: float, seed: int = 0,
                    width: int = 320, height: int = 180, fps: float = 25, split: str = "synthetic",
                    per_video: int | None = None, zoom: bool = False,
-                   families: tuple[str, ...] | None = None) -> Path:
+                   families: tuple[str, ...] | None = None, whole_seconds: bool = False) -> Path:
     """Render `videos` procedure videos and write OUT_DIR/dataset.jsonl (see module docstring)."""
     from medclaw.synth.video import synthesize
     from medclaw.synth.zoom import ZoomOptions
@@ -193,7 +229,7 @@ def make_synthetic(out_dir: str | Path, *, videos: int, minutes: float, seed: in
         video = synthesize(out / "videos" / f"video-{k}.mp4", minutes=minutes, seed=seed + k,
                            width=width, height=height, fps=fps, progress=False,
                            zoom=ZoomOptions.all() if zoom else None)
-        items = questions_for(video.gt, seed + k, families)
+        items = questions_for(video.gt, seed + k, families, whole_seconds)
         if per_video is not None:
             items = items[:per_video]
         counters: dict[str, int] = {}

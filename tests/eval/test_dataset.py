@@ -124,6 +124,34 @@ def test_zoom_set_asks_what_the_ground_truth_drew(tmp_path):
         assert r.gold_window_s == (round(t - ZOOM_WINDOW_S, 2), round(t + ZOOM_WINDOW_S, 2))
 
 
+def test_whole_second_questions_ask_the_same_visits_at_whole_seconds(tmp_path):
+    """`whole_seconds` moves each small-object and look-alike question to a whole second
+    inside the same visit: the same answers, in the same order, now at "at 17 s"."""
+    from medclaw.eval.synthetic import make_synthetic
+    from medclaw.synth.truth import GroundTruth
+
+    def asked(records):
+        return [float(re.search(r"(\d+(?:\.\d+)?) s\b", r.question).group(1)) for r in records]
+
+    families = ("small_object", "look_alike")
+    tenths, _ = read_dataset(make_synthetic(tmp_path / "a", videos=2, minutes=0.5, seed=5000,
+                                            zoom=True, families=families))
+    whole, _ = read_dataset(make_synthetic(tmp_path / "b", videos=2, minutes=0.5, seed=5000,
+                                           zoom=True, families=families, whole_seconds=True))
+    assert [r.gold_value for r in whole] == [r.gold_value for r in tenths]
+    assert [r.id for r in whole] == [r.id for r in tenths]
+    assert all(t == int(t) for t in asked(whole))
+    assert any(t != int(t) for t in asked(tenths))     # else the option changed nothing here
+    for r, t, t0 in zip(whole, asked(whole), asked(tenths)):
+        gt = GroundTruth.load(tmp_path / "b" / "videos" / f"video-{r.id[1]}.json")
+        kind = "small" if r.subtype == "small_object" else "look_alike"
+        visit = next(v for v in gt.zoom["visits"] if v["kind"] == kind
+                     and v["start_s"] <= t0 < v["end_s"])
+        assert visit["start_s"] < t < visit["end_s"], (r.question, visit)
+        assert r.question.replace(f"{t:g} s", f"{t0:g} s") == next(
+            x.question for x in tenths if x.id == r.id)
+
+
 def test_a_longer_name_is_not_read_as_the_small_object(tmp_path):
     """A description naming the needle driver (an instrument) does not answer "needle"; one
     naming the needle alone does. Scored with the set's own choices, as `medclaw eval` does."""

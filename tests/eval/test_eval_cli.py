@@ -205,3 +205,8 @@ def test_make_synthetic_zoom_families_from_the_command_line(tmp_path, capsys):
                      "--minutes", "0.5", "--families", "small_object"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "zoom families need zoom" in err
+    assert cli.main(["eval", "make-synthetic", str(tmp_path / "y"), "--videos", "1",
+                     "--minutes", "0.5", "--whole-seconds"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "add --zoom" in err
+    assert not (tmp_path / "y").exists()
