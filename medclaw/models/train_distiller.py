@@ -276,7 +276,7 @@ def train_distiller(out_dir, orchestrator_dir, seed: int = 0, steps: int = STEPS
     import numpy as np
     import torch
 
-    from medclaw.models.train_tiny import THREADS, machine, write_manifest
+    from medclaw.models.train_tiny import THREADS, file_sha256, machine, write_manifest
 
     out, source = Path(out_dir), Path(orchestrator_dir)
     if not (source / "model.safetensors").is_file():
@@ -290,7 +290,7 @@ def train_distiller(out_dir, orchestrator_dir, seed: int = 0, steps: int = STEPS
     report: dict = {"command": f"medclaw models train-distiller {out_dir} --orchestrator {source} "
                                f"--seed {seed}",
                     "seed": seed, "orchestrator": str(source),
-                    "orchestrator_sha256": _sha256(source / "model.safetensors"), "train_seeds": list(TRAIN_SEEDS),
+                    "orchestrator_sha256": file_sha256(source / "model.safetensors"), "train_seeds": list(TRAIN_SEEDS),
                     "eval_seeds": list(EVAL_SEEDS), "episodes": episodes, "runs": RUNS,
                     "whole_second_share": WHOLE_SECOND_SHARE, "lesson": LESSON}
     try:
@@ -312,12 +312,6 @@ def train_distiller(out_dir, orchestrator_dir, seed: int = 0, steps: int = STEPS
     (out / "distiller-report.json").write_text(json.dumps(report, indent=1) + "\n")
     write_manifest(out)
     return report
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def fit(out: Path, source: Path, requests: list, replies: list, *, seed: int, steps: int, rng,

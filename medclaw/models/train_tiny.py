@@ -582,11 +582,16 @@ def meets_targets(accuracy: dict) -> bool:
     return all(accuracy.get(kind, {}).get("region", 0.0) >= target for kind, target in TARGETS.items())
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a checkpoint file (a few MB: read whole)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def write_manifest(out: Path) -> Path:
     """OUT/MANIFEST.sha256 in `sha256sum` format over every file under OUT (but itself)."""
     lines = []
     for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "MANIFEST.sha256"):
-        lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(out).as_posix()}")
+        lines.append(f"{file_sha256(path)}  {path.relative_to(out).as_posix()}")
     manifest = out / "MANIFEST.sha256"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
@@ -598,6 +603,6 @@ def check_manifest(out: Path) -> list[str]:
     for line in (out / "MANIFEST.sha256").read_text().splitlines():
         digest, _, name = line.partition("  ")
         path = out / name
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        if not path.is_file() or file_sha256(path) != digest:
             bad.append(name)
     return bad

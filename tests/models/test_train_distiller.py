@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from medclaw.models import train_distiller as D
+from medclaw.models.train_tiny import file_sha256
 from medclaw.skills.prompts import diagnose_turn
 
 CROP = ('{n}. crop_video_frame {{"query": "Which small object is there?", "time_s": {t}, "x1": 0.3, '
@@ -124,7 +125,7 @@ def test_the_committed_distiller_is_the_committed_orchestrator_fine_tuned():
     # Held out, each question is played once per run kind, two of the four kinds B: diagnosing
     # every episode B would score 0.5. The committed model must beat that constant.
     assert held["diagnosis_accuracy"] > 0.5
-    assert report["orchestrator_sha256"] == D._sha256(COMMITTED / "llm" / "model.safetensors")
+    assert report["orchestrator_sha256"] == file_sha256(COMMITTED / "llm" / "model.safetensors")
     assert (folder / "tokenizer.json").read_bytes() == (COMMITTED / "llm" / "tokenizer.json").read_bytes()
     assert report["command"].startswith("medclaw models train-distiller ")
 
