@@ -1,7 +1,7 @@
 """`medclaw distill`: grow a skill library from failures, keeping only skills that help.
 
     medclaw distill --mine M.jsonl --val V.jsonl --library DIR [--delta 0.05] [--max-candidates 5]
-                    [--out OUT] [--profile P | --config F] [--model ROLE=PATH] [--kb INDEX]
+                    [--reward judge|exact] [--out OUT] [--profile P | --config F] [--model ROLE=PATH] [--kb INDEX]
                     [--format F] [--on-bad-record stop|skip] [--max-steps N] [--concurrency N]
 
 Mine M (answer blind, diagnose A/B/C against the gold, write A lessons as candidate skills), then
@@ -29,6 +29,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="keep a candidate only if R_s > R_0 + delta (default 0.05)")
     parser.add_argument("--max-candidates", type=int, default=5, metavar="N",
                         help="candidate skills at most (default 5)")
+    parser.add_argument("--reward", choices=("judge", "exact"), default="judge",
+                        help="R per validation question: the judge's Avg (default), or exact match "
+                             "scaled to 1-5 (needs exact gold, e.g. `medclaw eval make-synthetic` "
+                             "sets; for a judge that cannot be trusted)")
     parser.add_argument("--out", metavar="OUT", help="run folder (default artifacts/distill/<run id>)")
     parser.add_argument("--profile", default=None,
                         help="model profile (default: the config's, else tiny-cpu)")
@@ -68,11 +72,11 @@ def _handle(args) -> int:
     from medclaw.engine.config import load_episode_config
     from medclaw.errors import ConfigError
     from medclaw.eval.judge import Judge, judge_config_for
-    from medclaw.skills.distill import DistillConfig, distill, to_markdown
+    from medclaw.skills.distill import DistillConfig, distill, missing_exact_gold, to_markdown
 
     console = Console(stderr=True)
     warn = lambda line: console.print(f"medclaw: warning: {line}")     # noqa: E731
-    config = DistillConfig(delta=args.delta, max_candidates=args.max_candidates)
+    config = DistillConfig(delta=args.delta, max_candidates=args.max_candidates, reward=args.reward)
     library = Path(args.library)
     if library.exists() and not library.is_dir():
         raise ConfigError(f"--library {library} is not a folder")
@@ -81,6 +85,9 @@ def _handle(args) -> int:
     infos.update(val_infos)
     if not mine_records or not val_records:
         raise ConfigError("both --mine and --val need at least one usable question")
+    if config.reward == "exact" and (missing := missing_exact_gold(val_records)):
+        raise ConfigError(f"--reward exact needs exact gold (gold_value) on every --val question; "
+                          f"{len(missing)} have none, e.g. {missing[0]}")
     doc = read_config_file(args.config)
     judge_config = judge_config_for(profile_name(args.profile, doc), doc.get("judge"))
     run_id = time.strftime("%Y%m%d-%H%M%S")

@@ -25,7 +25,10 @@
    with its figures and verdict; OUT/mine/mining.jsonl every diagnosis and lesson.
 
 Per question, R is the judge's Avg of CI, DO, CU, TU (1–5) — the same judge, prompt and
-settings for every pass.
+settings for every pass. `reward="exact"` gates on the exact scorer instead (`REWARDS`), for
+validation sets with exact gold where the judge cannot be trusted (an untrained judge gives every
+answer the same score, so no candidate could ever pass); it is put on the judge's 1–5 scale, so
+delta and max_drop keep their meaning (a right answer turned wrong drops 4 points).
 """
 from __future__ import annotations
 
@@ -39,6 +42,10 @@ from medclaw.skills.library import SkillLibrary, staged_library, use_library
 from medclaw.skills.manage import CandidateSet, SkillManageTool
 
 CATEGORIES = ("A", "B", "C")
+# R of one validation row (`eval.runner`), on the judge's 1-5 scale: its Avg, or exact match
+# (0..1, `eval.scorers`) as 1 + 4 * match.
+REWARDS = {"judge": lambda row: row["judge"]["avg"],
+           "exact": lambda row: 1 + 4 * row["exact"]["match"]}
 
 
 @dataclass(slots=True)
@@ -48,9 +55,13 @@ class DistillConfig:
     max_drop: float = 2.0
     lesson_steps: int = 4               # distiller turns to write one lesson
     reason_max_chars: int = 300
+    reward: str = "judge"               # REWARDS key
 
     def __post_init__(self) -> None:
         from medclaw.errors import ConfigError
+
+        if self.reward not in REWARDS:
+            raise ConfigError(f"--reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
 
         if not 0 <= self.delta < 4:
             raise ConfigError(f"--delta must be in [0, 4), got {self.delta}")
@@ -84,9 +95,10 @@ class DistillReport:
     R_0: float | None
     mining: list[dict] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
+    reward: str = "judge"
 
     def to_dict(self) -> dict:
-        return {"run_id": self.run_id, "library": self.library, "R_0": self.R_0,
+        return {"run_id": self.run_id, "library": self.library, "reward": self.reward, "R_0": self.R_0,
                 "mining": self.mining, "candidates": [asdict(v) for v in self.verdicts]}
 
 
@@ -221,8 +233,14 @@ async def mine(records, runtime, episode_config, candidates: CandidateSet, out_d
 
 # --- 3. gate ----------------------------------------------------------------------------------------
 
+def missing_exact_gold(records) -> list[str]:
+    """Ids of `records` the exact scorer cannot score (no `gold_value`): `reward="exact"`
+    needs none."""
+    return [r.id for r in records if r.gold_value is None]
+
+
 async def _val_pass(name: str, records, runtime, episode_config, judge, out_dir: Path,
-                    video_infos) -> dict[str, float]:
+                    video_infos, reward: str = "judge") -> dict[str, float]:
     from dataclasses import replace
 
     from medclaw.eval.results import ResultsLog
@@ -237,7 +255,7 @@ async def _val_pass(name: str, records, runtime, episode_config, judge, out_dir:
         if outcome.crashed:
             raise RuntimeError(f"validation pass {name!r}: {len(outcome.crashed)} question(s) "
                                f"crashed: {next(iter(outcome.crashed.values()))}")
-        return {qid: row["judge"]["avg"] for qid, row in log.done.items()}
+        return {qid: REWARDS[reward](row) for qid, row in log.done.items()}
 
 
 async def distill(mine_records, val_records, runtime, episode_config, judge, *, library_dir,
@@ -245,6 +263,9 @@ async def distill(mine_records, val_records, runtime, episode_config, judge, *, 
                   video_infos: dict | None = None, on_event=None) -> DistillReport:
     """The whole method (see module docstring); engines of `runtime` are reused throughout."""
     library_dir, out_dir = Path(library_dir), Path(out_dir)
+    if config.reward == "exact" and (missing := missing_exact_gold(val_records)):
+        raise ValueError(f"reward 'exact' needs exact gold (gold_value) on every validation "
+                         f"question; {len(missing)} have none, e.g. {missing[0]}")
     library_dir.mkdir(parents=True, exist_ok=True)
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
     say = on_event or (lambda line: None)
@@ -257,12 +278,14 @@ async def distill(mine_records, val_records, runtime, episode_config, judge, *, 
     (out_dir / "mine" / "mining.jsonl").write_text(
         "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in mining))
 
-    report = DistillReport(run_id=run_id, library=str(library_dir), R_0=None, mining=mining)
+    report = DistillReport(run_id=run_id, library=str(library_dir), R_0=None, mining=mining,
+                           reward=config.reward)
     if not candidates.candidates:
         say("no candidate skills (no A diagnosis produced a lesson)")
         return _finish(report, out_dir)
     say("validation pass R_0 (library as it is)")
-    base_scores = await _val_pass("base", val_records, runtime, episode_config, judge, out_dir, video_infos)
+    base_scores = await _val_pass("base", val_records, runtime, episode_config, judge, out_dir,
+                                  video_infos, config.reward)
     report.R_0 = round(sum(base_scores.values()) / len(base_scores), 4) if base_scores else None
     kept = []
     for name, candidate in candidates.candidates.items():
@@ -275,7 +298,7 @@ async def distill(mine_records, val_records, runtime, episode_config, judge, *, 
             with staged_library([library_dir], [skill]) as staged:
                 use_library(runtime, staged)
                 scores = await _val_pass(f"{name}-v{skill.version}", val_records, runtime,
-                                         episode_config, judge, out_dir, video_infos)
+                                         episode_config, judge, out_dir, video_infos, config.reward)
         finally:
             use_library(runtime, base)
         verdict.kept, verdict.reason, figures = gate(base_scores, scores, config.delta, config.max_drop)
@@ -290,7 +313,8 @@ async def distill(mine_records, val_records, runtime, episode_config, judge, *, 
 
         skill = replace(candidate.skill, provenance={
             "run_id": run_id, "source_traces": list(candidate.sources), "R_0": verdict.R_0,
-            "R_s": verdict.R_s, "delta": config.delta, "val_questions": verdict.questions,
+            "R_s": verdict.R_s, "reward": config.reward, "delta": config.delta,
+            "val_questions": verdict.questions,
             "date": time.strftime("%Y-%m-%d"), "previous_version": candidate.base_version})
         verdict.path = str(base.install(skill, library_dir))
     use_library(runtime, SkillLibrary([library_dir]))
@@ -304,6 +328,10 @@ def _finish(report: DistillReport, out_dir: Path) -> DistillReport:
     return report
 
 
+REWARD_WORDS = {"judge": "the judge's Avg of CI, DO, CU, TU (1-5)",
+                "exact": "exact match on the judge's scale (1 wrong, 5 right)"}
+
+
 def to_markdown(report: DistillReport) -> str:
     counts = {c: sum(1 for m in report.mining if m["diagnosis"]["category"] == c) for c in CATEGORIES}
     unparsed = sum(1 for m in report.mining if m["diagnosis"]["category"] is None)
@@ -311,6 +339,7 @@ def to_markdown(report: DistillReport) -> str:
              f"- library: `{report.library}`",
              f"- mining: {len(report.mining)} question(s): A {counts['A']}, B {counts['B']}, "
              f"C {counts['C']}, unparsed {unparsed}",
+             f"- R per question: {REWARD_WORDS[report.reward]}",
              f"- R_0 (validation, library as it was): "
              f"{'–' if report.R_0 is None else f'{report.R_0:.3f}'}", ""]
     if not report.verdicts:

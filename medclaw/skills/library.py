@@ -15,8 +15,8 @@ concrete steps that reference tool names.
     # body …
 
 `provenance` (distilled skills): run_id, source_traces (the mining episodes whose failures taught
-the lesson), R_0 and R_s (mean validation reward without / with the skill), delta, date,
-previous_version.
+the lesson), R_0 and R_s (mean validation reward without / with the skill), reward (what R
+was: `skills.distill.REWARDS`), delta, date, previous_version.
 
 Contract
 - `SkillLibrary(dirs)` loads the shipped library (`medclaw/skills/library/`) and then each dir in

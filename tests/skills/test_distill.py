@@ -71,7 +71,8 @@ def judge(scores):
     return reply
 
 
-def run(tmp_path, synth_video, orchestrator_script, judge_script, mine_n, val_n, library, **cfg):
+def run(tmp_path, synth_video, orchestrator_script, judge_script, mine_n, val_n, library,
+        val_records=None, **cfg):
     orch = ScriptedBackend(orchestrator_script, model_name="scripted-llm")
     judge_backend = ScriptedBackend(judge_script, model_name="scripted-judge", model_revision="j1")
     runtime = eval_scripted.scripted_runtime(tmp_path / "models", orch, judge_backend)
@@ -80,7 +81,8 @@ def run(tmp_path, synth_video, orchestrator_script, judge_script, mine_n, val_n,
     import asyncio
 
     report = asyncio.run(distill(
-        _records("mine", mine_n, synth_video.path), _records("val", val_n, synth_video.path),
+        _records("mine", mine_n, synth_video.path),
+        val_records or _records("val", val_n, synth_video.path),
         runtime, config, Judge(judge_backend), library_dir=library, out_dir=tmp_path / "out",
         config=DistillConfig(**cfg), run_id="test-run"))
     assert runtime.live_backends() == engines          # the same engines served every pass
@@ -174,3 +176,59 @@ def test_no_lesson_no_validation_pass(tmp_path, synth_video):
     assert report.verdicts == [] and report.R_0 is None
     assert not (tmp_path / "out" / "val").exists()
     assert "No candidate skill was proposed." in (tmp_path / "out" / "distill_report.md").read_text()
+
+
+@pytest.mark.parametrize("reward, kept", [("judge", False), ("exact", True)])
+def test_exact_reward_sees_what_a_constant_judge_cannot(tmp_path, synth_video, reward, kept):
+    """A judge that scores every answer alike (the miniature's untrained one) can never pass a
+    candidate; gated on exact match (1 + 4 * match), the skill that turns two of 25 answers
+    right is kept: R_0 1.0, R_s 1.32."""
+    from dataclasses import replace
+
+    val = [replace(r, gold_value="grasper", choices=["grasper", "scissors"])
+           for r in _records("val", 25, synth_video.path)]
+
+    def tag_for(system):
+        return "good" if "good-skill" in system else "base"
+
+    script = orchestrator({"mine question 0?": GOOD}, {"mine question 0?": "A"}, tag_for)
+
+    def answers(request):            # right on questions 0 and 1 with the skill, else wrong
+        reply = json.loads(script(request))
+        if reply.get("tool") == "final_answer":
+            text = reply["args"]["text"]
+            right = text.startswith("good") and text.split(" question ")[1] in ("0?", "1?")
+            reply["args"]["text"] = "grasper" if right else "scissors"
+        return json.dumps(reply)
+
+    report = run(tmp_path, synth_video, answers, lambda request: json.dumps(
+        {"rationale": "same for all", "CI": 3, "DO": 3, "CU": 3, "TU": 3}),
+        1, 25, tmp_path / "library", val_records=val, reward=reward)
+    (verdict,) = report.verdicts
+    assert verdict.kept is kept
+    assert (report.R_0, verdict.R_s) == ((3.0, 3.0) if reward == "judge" else (1.0, 1.32))
+    assert (tmp_path / "library" / "good-skill" / "SKILL.md").exists() is kept
+    saved = json.loads((tmp_path / "out" / "distill_report.json").read_text())
+    assert saved["reward"] == reward
+    if kept:
+        assert parse_skill(tmp_path / "library" / "good-skill" / "SKILL.md").provenance["reward"] == "exact"
+
+
+def test_exact_reward_needs_exact_gold_on_every_validation_question(tmp_path, synth_video):
+    with pytest.raises(ValueError, match="reward 'exact' needs exact gold"):
+        run(tmp_path, synth_video, orchestrator({}, {}, lambda s: "base"),
+            judge(lambda tag, q: (3, 3, 3, 3)), 1, 2, tmp_path / "library", reward="exact")
+    assert not (tmp_path / "library").exists() and not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_exact_reward_without_exact_gold_before_any_engine(tmp_path, synth_video, capsys):
+    from medclaw import cli
+
+    data = tmp_path / "set.jsonl"
+    data.write_text(json.dumps({"id": "q1", "video": str(synth_video.path), "question": "Which?", "type": "VTR",
+                                "gold": "the grasper"}) + "\n")
+    assert cli.main(["distill", "--mine", str(data), "--val", str(data), "--library",
+                     str(tmp_path / "lib"), "--out", str(tmp_path / "out"), "--reward", "exact"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--reward exact needs exact gold" in err and "q1" in err
+    assert not (tmp_path / "lib").exists() and not (tmp_path / "out").exists()
