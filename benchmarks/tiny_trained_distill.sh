@@ -2,15 +2,16 @@
 # `medclaw distill` on the trained miniature (`tiny-trained`): mine the agent's failures on held-out
 # synthetic zoom questions, let the profile's distiller (tiny-trained-distiller, the orchestrator
 # fine-tuned to review: `medclaw models train-distiller`) diagnose them and write lessons, and gate
-# every candidate skill on a validation set with the profile's judge (R_0, R_s, verdict for each).
-# That judge is the untrained tiny LLM, and the distiller diagnoses 0.60 of its held-out reviews
-# right (its distiller-report.json): the run shows the method works end to end on this profile, its
-# verdicts mean nothing.
+# every candidate skill on a validation set (R_0, R_s, verdict for each). The gate's reward is
+# exact match (`--reward exact`): the profile's judge is the untrained tiny LLM, which gives every
+# answer the same Avg, so under it no candidate could pass. The distiller diagnoses 0.60 of its
+# held-out reviews right (its distiller-report.json), so which lessons get written is partly luck:
+# the run shows the method end to end on this profile and what a candidate does to the agent.
 #
 #   benchmarks/tiny_trained_distill.sh [OUT_DIR] [FIRST_SEED]     (default artifacts/distill-tiny, 6000)
 #
-# Renders 2 mining videos (seeds FIRST_SEED..) and 2 validation videos (FIRST_SEED+100..), 0.5 min
-# each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1047), 8 small-object
+# Renders 4 mining videos (seeds FIRST_SEED..) and 2 validation videos (FIRST_SEED+100..), 0.5 min
+# each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1047), 4 small-object
 # and look-alike questions each, asked at whole seconds ("at 17 s": `--whole-seconds`, the form
 # whose time the trained orchestrator miscopies, so its failures are ones a lesson could fix; asked
 # at tenths it answers these sets right), and writes OUT_DIR/run/distill_report.{md,json}. The
@@ -22,10 +23,11 @@ OUT="${1:-artifacts/distill-tiny}"
 SEED="${2:-6000}"
 MEDCLAW="${MEDCLAW:-.venv/bin/medclaw}"
 rm -rf "$OUT"
-"$MEDCLAW" eval make-synthetic "$OUT/mine" --videos 2 --minutes 0.5 --seed "$SEED" --zoom \
+"$MEDCLAW" eval make-synthetic "$OUT/mine" --videos 4 --minutes 0.5 --seed "$SEED" --zoom \
   --whole-seconds --families small_object,look_alike
 "$MEDCLAW" eval make-synthetic "$OUT/val" --videos 2 --minutes 0.5 --seed "$((SEED + 100))" --zoom \
   --whole-seconds --families small_object,look_alike
 "$MEDCLAW" distill --mine "$OUT/mine/dataset.jsonl" --val "$OUT/val/dataset.jsonl" \
-  --library "$OUT/library" --profile tiny-trained --out "$OUT/run" --max-candidates 3
+  --library "$OUT/library" --profile tiny-trained --out "$OUT/run" --max-candidates 3 \
+  --reward exact
 cat "$OUT/run/distill_report.md"
