@@ -14,9 +14,10 @@
 # each, never trained on (`medclaw models train-tiny` trains on seeds 1000-1047), 4 small-object
 # and look-alike questions each, asked at whole seconds ("at 17 s": `--whole-seconds`, the form
 # whose time the trained orchestrator miscopies, so its failures are ones a lesson could fix; asked
-# at tenths it answers these sets right), and writes OUT_DIR/run/distill_report.{md,json}. The
-# library grown is OUT_DIR/library (the shipped skills apply too); nothing outside OUT_DIR is
-# written.
+# at tenths it answers these sets right), and writes OUT_DIR/run/distill_report.{md,json}, then
+# OUT_DIR/run/review_check.json: each diagnosis beside the scripted reviewer's on the same turn
+# (`benchmarks/distill_review_check.py`). The library grown is OUT_DIR/library (the shipped
+# skills apply too); nothing outside OUT_DIR is written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-artifacts/distill-tiny}"
@@ -31,3 +32,8 @@ rm -rf "$OUT"
   --library "$OUT/library" --profile tiny-trained --out "$OUT/run" --max-candidates 3 \
   --reward exact
 cat "$OUT/run/distill_report.md"
+"${PYTHON:-.venv/bin/python}" benchmarks/distill_review_check.py "$OUT/run" "$OUT/mine/dataset.jsonl" \
+  > "$OUT/run/review_check.json"
+"${PYTHON:-.venv/bin/python}" -c "import json, sys; r = json.load(open(sys.argv[1])); print(
+    f'diagnoses agreeing with the scripted reviewer: {r[\"agreed\"]} of {r[\"questions\"]}',
+    r['expected_to_got'])" "$OUT/run/review_check.json"

@@ -103,3 +103,25 @@ def test_the_orchestrator_seed_benchmark_sets_each_setting_it_names(monkeypatch)
     seeds.apply_settings(changed)
     assert seeds.recipe_settings() == changed
     assert (O.DIGIT_WEIGHT, O.FOCAL_GAMMA, D.QUOTE_IN_THOUGHTS) == (3.0, 0.5, changed["quote_in_thoughts"])
+
+
+def test_distill_review_check_applies_the_scripted_rule_to_each_mining_turn(tmp_path, synth_video):
+    """Right answer -> C; wrong answer, no crop elsewhere (no trace here) -> B; the run's own
+    diagnoses are compared with those, and a folder without a mining log is one line."""
+    check = _benchmark("distill_review_check")
+    rows = [{"id": "q1", "video": str(synth_video.path), "question": "At 3 s, which?", "type": "VPR",
+             "gold": "needle"},
+            {"id": "q2", "video": str(synth_video.path), "question": "At 4 s, which?", "type": "VPR",
+             "gold": "gauze tag"}]
+    dataset = tmp_path / "mine.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "run" / "mine").mkdir(parents=True)
+    mined = [{"id": "q1", "answer": "needle", "trace": str(tmp_path / "none.jsonl"),
+              "diagnosis": {"category": "C"}},
+             {"id": "q2", "answer": "needle", "trace": str(tmp_path / "none.jsonl"),
+              "diagnosis": {"category": "A"}}]
+    (tmp_path / "run" / "mine" / "mining.jsonl").write_text("".join(json.dumps(m) + "\n" for m in mined))
+    result = check.check(tmp_path / "run", dataset)
+    assert [(r["expected"], r["got"]) for r in result["rows"]] == [("C", "C"), ("B", "A")]
+    assert (result["agreed"], result["expected_to_got"]) == (1, {"B->A": 1, "C->C": 1})
+    assert check.main([str(tmp_path), str(dataset)]) == 2
