@@ -1,8 +1,9 @@
 """`medclaw distill`: grow a skill library from failures, keeping only skills that help.
 
     medclaw distill --mine M.jsonl --val V.jsonl --library DIR [--delta 0.05] [--max-candidates 5]
-                    [--reward judge|exact] [--out OUT] [--profile P | --config F] [--model ROLE=PATH] [--kb INDEX]
-                    [--format F] [--on-bad-record stop|skip] [--max-steps N] [--concurrency N]
+                    [--reward judge|exact] [--out OUT] [--profile P | --config F]
+                    [--model ROLE=PATH] [--kb INDEX] [--format F] [--on-bad-record stop|skip]
+                    [--max-steps N] [--concurrency N]
 
 Mine M (answer blind, diagnose A/B/C against the gold, write A lessons as candidate skills), then
 gate each candidate alone on V against the library as it is (R_s > R_0 + delta and no question
@@ -72,7 +73,7 @@ def _handle(args) -> int:
     from medclaw.engine.config import load_episode_config
     from medclaw.errors import ConfigError
     from medclaw.eval.judge import Judge, judge_config_for
-    from medclaw.skills.distill import DistillConfig, distill, missing_exact_gold, to_markdown
+    from medclaw.skills.distill import DistillConfig, check_reward_gold, distill, to_markdown
 
     console = Console(stderr=True)
     warn = lambda line: console.print(f"medclaw: warning: {line}")     # noqa: E731
@@ -85,9 +86,7 @@ def _handle(args) -> int:
     infos.update(val_infos)
     if not mine_records or not val_records:
         raise ConfigError("both --mine and --val need at least one usable question")
-    if config.reward == "exact" and (missing := missing_exact_gold(val_records)):
-        raise ConfigError(f"--reward exact needs exact gold (gold_value) on every --val question; "
-                          f"{len(missing)} have none, e.g. {missing[0]}")
+    check_reward_gold(config.reward, val_records)
     doc = read_config_file(args.config)
     judge_config = judge_config_for(profile_name(args.profile, doc), doc.get("judge"))
     run_id = time.strftime("%Y%m%d-%H%M%S")

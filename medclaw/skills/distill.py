@@ -62,7 +62,6 @@ class DistillConfig:
 
         if self.reward not in REWARDS:
             raise ConfigError(f"--reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
-
         if not 0 <= self.delta < 4:
             raise ConfigError(f"--delta must be in [0, 4), got {self.delta}")
         if not 1 <= self.max_candidates <= 50:
@@ -233,10 +232,15 @@ async def mine(records, runtime, episode_config, candidates: CandidateSet, out_d
 
 # --- 3. gate ----------------------------------------------------------------------------------------
 
-def missing_exact_gold(records) -> list[str]:
-    """Ids of `records` the exact scorer cannot score (no `gold_value`): `reward="exact"`
-    needs none."""
-    return [r.id for r in records if r.gold_value is None]
+def check_reward_gold(reward: str, val_records) -> None:
+    """ConfigError when `reward` is "exact" and a validation record has no exact gold
+    (`gold_value`): the exact scorer could not score it."""
+    from medclaw.errors import ConfigError
+
+    missing = [r.id for r in val_records if r.gold_value is None] if reward == "exact" else []
+    if missing:
+        raise ConfigError(f"--reward exact needs exact gold (gold_value) on every validation "
+                          f"question; {len(missing)} have none, e.g. {missing[0]}")
 
 
 async def _val_pass(name: str, records, runtime, episode_config, judge, out_dir: Path,
@@ -263,9 +267,7 @@ async def distill(mine_records, val_records, runtime, episode_config, judge, *, 
                   video_infos: dict | None = None, on_event=None) -> DistillReport:
     """The whole method (see module docstring); engines of `runtime` are reused throughout."""
     library_dir, out_dir = Path(library_dir), Path(out_dir)
-    if config.reward == "exact" and (missing := missing_exact_gold(val_records)):
-        raise ValueError(f"reward 'exact' needs exact gold (gold_value) on every validation "
-                         f"question; {len(missing)} have none, e.g. {missing[0]}")
+    check_reward_gold(config.reward, val_records)
     library_dir.mkdir(parents=True, exist_ok=True)
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
     say = on_event or (lambda line: None)

@@ -215,7 +215,9 @@ def test_exact_reward_sees_what_a_constant_judge_cannot(tmp_path, synth_video, r
 
 
 def test_exact_reward_needs_exact_gold_on_every_validation_question(tmp_path, synth_video):
-    with pytest.raises(ValueError, match="reward 'exact' needs exact gold"):
+    from medclaw.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--reward exact needs exact gold"):
         run(tmp_path, synth_video, orchestrator({}, {}, lambda s: "base"),
             judge(lambda tag, q: (3, 3, 3, 3)), 1, 2, tmp_path / "library", reward="exact")
     assert not (tmp_path / "library").exists() and not (tmp_path / "out").exists()
