@@ -9,7 +9,9 @@ are scored as train-tiny scores them (`train_tiny.evaluate`: the whole frame, th
 one-shot request), and JSON goes to stdout: accuracy, counts and `confusion`, what was read for
 each gold answer. On the training seeds (`--seeds 1000 … 1023 --minutes 0.2`, train-tiny's own
 videos) it tells a class never learnt from one learnt and not carried over to new videos.
-One thread, like train-tiny.
+`empty_spot` adds what the region reads at each question's spot at a time when nothing of its
+kind is there (`empty_spots`): a crop at the wrong time should read nothing, and a name there is
+what an agent that miscopies a time then answers. One thread, like train-tiny.
 """
 from __future__ import annotations
 
@@ -18,6 +20,50 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+
+
+EMPTY_SHIFTS_S = (-5, 5, -8, 8, -12, 12, -3, 3)    # tried in order from the question's time
+
+
+def empty_time(gt, kind: str, t: float) -> float | None:
+    """The first of t + EMPTY_SHIFTS_S inside the video at which no `kind` visit is on screen."""
+    from medclaw.synth.zoom import visible_at
+
+    return next((t + d for d in EMPTY_SHIFTS_S if 0 <= t + d < gt.duration_s
+                 and not visible_at(gt.zoom, kind, gt.frame_at(t + d))), None)
+
+
+def empty_spots(model, processor, videos) -> dict:
+    """For each small-object and look-alike question: the region of its box cropped at the first
+    time in EMPTY_SHIFTS_S from its moment at which no object of its kind is on screen (checked
+    with the ground truth), and what the VLM reads there. Right is reading nothing of that field
+    (`train_data.NOTHING` or `none`). Returns {kind: {"reads_nothing": share, "count": n,
+    "read": {what was read: count}}}."""
+    from medclaw.models import train_tiny as T
+    from medclaw.models.train_data import QUERIES, read_field, region_sample
+
+    budget = T._Budget()
+    fields = {"small_object": ("small", "small object", QUERIES[0]),
+              "look_alike": ("look_alike", "left instrument", QUERIES[1])}
+    out: dict = {}
+    for video, frames in videos:
+        gt = video.gt
+        for q in gt.zoom["qa"]:
+            if q["kind"] not in fields:
+                continue
+            kind, field, query = fields[q["kind"]]
+            t = empty_time(gt, kind, q["evidence_times_s"][0])
+            if t is None:
+                continue
+            sample = region_sample(gt, frames, gt.frame_at(t), budget, q["box"], query)
+            said = read_field(T.describe(model, processor, sample), field)
+            row = out.setdefault(q["kind"], {"right": 0, "count": 0, "read": {}})
+            row["count"] += 1
+            row["right"] += said in (None, "none")
+            key = said or "(nothing)"
+            row["read"][key] = row["read"].get(key, 0) + 1
+    return {kind: {"reads_nothing": round(row.pop("right") / row["count"], 4), **row}
+            for kind, row in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,11 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     processor = AutoProcessor.from_pretrained(args.vlm)
     model = T.load_vlm(args.vlm).eval()
     with tempfile.TemporaryDirectory(prefix="medclaw-confusion-") as tmp:
-        accuracy, counts, confusion = T.evaluate(model, processor,
-                                                 render(tmp, args.seeds, args.minutes))
-    json.dump({"vlm": str(args.vlm), "seeds": args.seeds, "minutes": args.minutes,
+        videos = render(tmp, args.seeds, args.minutes)
+        accuracy, counts, confusion = T.evaluate(model, processor, videos)
+        empty = empty_spots(model, processor, videos)
+    root = Path(__file__).resolve().parents[1]        # the repository: name its folders relatively
+    vlm = args.vlm.resolve()
+    json.dump({"vlm": str(vlm.relative_to(root) if vlm.is_relative_to(root) else args.vlm),
+               "seeds": args.seeds, "minutes": args.minutes,
                "min_pixels": args.min_pixels, "accuracy": accuracy, "counts": counts,
-               "confusion": confusion, "machine": T.machine()}, sys.stdout, indent=1)
+               "confusion": confusion, "empty_spot": empty, "machine": T.machine()},
+              sys.stdout, indent=1)
     print()
     return 0
 

@@ -81,6 +81,33 @@ def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
         assert sum(sum(read.values()) for read in region.values()) == out["counts"][kind] > 0
         assert all(set(read) == {gold} for gold, read in region.items()), (kind, region)
         assert out["accuracy"][kind]["region"] == 1.0
+    # the empty-spot reads: one per question whose spot is empty at some shifted time, each
+    # counted once, the share of "nothing" consistent with the counts (the committed VLM names
+    # a small object there: docs/tiny-trained.md)
+    for kind, row in out["empty_spot"].items():
+        assert 0 < row["count"] <= out["counts"][kind] and sum(row["read"].values()) == row["count"]
+        assert row["reads_nothing"] == round(row["read"].get("(nothing)", 0) / row["count"], 4)
+
+
+def test_an_empty_time_shows_nothing_of_its_kind(tmp_path):
+    """`empty_time` picks a time inside the video at which no visit of the kind is on screen."""
+    from medclaw.synth.video import synthesize
+    from medclaw.synth.zoom import ZoomOptions, visible_at
+
+    confusion = _benchmark("tiny_vlm_confusion")
+    gt = synthesize(tmp_path / "zoom.mp4", minutes=0.5, seed=5000, width=320, height=180,
+                    fps=25, zoom=ZoomOptions.all(), progress=False).gt
+    picked = 0
+    for q in gt.zoom["qa"]:
+        kind = {"small_object": "small", "look_alike": "look_alike"}.get(q["kind"])
+        if kind is None:
+            continue
+        t = confusion.empty_time(gt, kind, q["evidence_times_s"][0])
+        assert t is not None and 0 <= t < gt.duration_s
+        assert visible_at(gt.zoom, kind, gt.frame_at(q["evidence_times_s"][0]))
+        assert not visible_at(gt.zoom, kind, gt.frame_at(t))
+        picked += 1
+    assert picked >= 2
 
 
 
