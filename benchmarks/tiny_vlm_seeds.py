@@ -4,6 +4,7 @@ held-out seeds as train-tiny scores it (whole frame, region, one-shot request). 
 
     python benchmarks/tiny_vlm_seeds.py --seeds 0 1 2 3 4 [--steps 2400] [--lr 1.5e-3] [--jobs 2]
         [--min-pixels 7056] [--warmup-part 5] [--focal-gamma 2] [--mark-pattern stripes]
+        [--empty-spot-share 0.1]
         > benchmarks/results/cpu-2core-tiny-vlm-seeds.json
 
 `--min-pixels` trains and scores the VLM with regions of at least that many pixels instead of
@@ -11,8 +12,11 @@ the profile's (`train_tiny.MIN_PIXELS`); `--warmup-part N` warms the rate up ove
 of the steps instead of the recipe's (`train_tiny.WARMUP_PART`); `--focal-gamma G` trains with
 a focal loss (`train_tiny.FOCAL_GAMMA`; the recipe's 2; 0 is the plain cross-entropy);
 `--mark-pattern stripes` draws the look-alike mark as one-pixel stripes whose mean is the
-instrument's colour (`synth.zoom.MARK_PATTERN`; the recipe's: solid). Each run reports, per question
-kind and view, what the VLM read for each gold answer (`confusion`), so a name never said shows.
+instrument's colour (`synth.zoom.MARK_PATTERN`; the recipe's: solid); `--empty-spot-share F` draws
+that share of samples at an object's spot when it is empty (`train_data.EMPTY_SPOT_SHARE`; the
+recipe's: 0). Each run reports, per question kind and view, what the VLM read for each gold
+answer (`confusion`), so a name never said shows, and what it reads at each question's spot when
+it is empty (`empty_spot`, `benchmarks/tiny_vlm_confusion.py`).
 
 Each run is a spawned process on one thread (`train_tiny.THREADS`), `--jobs` at a time (one per
 core). Same seed, same machine: the same weights as the VLM of `train-tiny --seed S`, whose
@@ -29,21 +33,34 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def _one(seed: int, steps: int, lr: float | None, min_pixels: int, warmup_part: int,
-         focal_gamma: float, mark_pattern: str) -> dict:
+         focal_gamma: float, mark_pattern: str, empty_spot_share: float) -> dict:
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoProcessor
+
+    from medclaw.models import train_data as D
     from medclaw.models import train_tiny as T
     from medclaw.synth import zoom
 
     # in this spawned process only (it renders its own videos)
     T.MIN_PIXELS, T.WARMUP_PART, T.FOCAL_GAMMA = min_pixels, warmup_part, focal_gamma
-    zoom.MARK_PATTERN = mark_pattern
+    zoom.MARK_PATTERN, D.EMPTY_SPOT_SHARE = mark_pattern, empty_spot_share
+    spec = importlib.util.spec_from_file_location("confusion", Path(__file__).with_name("tiny_vlm_confusion.py"))
+    confusion = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(confusion)
     with tempfile.TemporaryDirectory(prefix="medclaw-vlm-seed-") as tmp:
         report = T.train_tiny(tmp, seed=seed, steps=steps, progress=False, lr=lr, orchestrator=False)
+        vlm = Path(tmp) / "vlm"
+        empty = confusion.empty_spots(T.load_vlm(vlm).eval(), AutoProcessor.from_pretrained(vlm),
+                                      D.render(Path(tmp) / "eval", T.EVAL_SEEDS, T.EVAL_MINUTES))
     return {"seed": seed, "steps": steps, "lr": lr, "accuracy": report.accuracy,
-            "confusion": report.confusion, "loss_last": report.loss_last,
+            "confusion": report.confusion, "empty_spot": empty, "loss_last": report.loss_last,
             "wall_s": report.wall_s, "machine": report.machine}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from medclaw.models import train_data as D
     from medclaw.models import train_tiny as T
     from medclaw.synth import zoom
 
@@ -65,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mark-pattern", choices=sorted(zoom.MARK_WORDS), default=zoom.MARK_PATTERN,
                         help=f"how the look-alike mark is drawn (default the recipe's, "
                              f"{zoom.MARK_PATTERN}; stripes: one-pixel columns a downscale averages away)")
+    parser.add_argument("--empty-spot-share", type=float, default=D.EMPTY_SPOT_SHARE,
+                        help=f"share of samples at an object's spot when it is empty (default the "
+                             f"recipe's, {D.EMPTY_SPOT_SHARE})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
     args = parser.parse_args(argv)
     if not 0 < args.min_pixels <= T.MAX_PIXELS:
@@ -73,17 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--warmup-part must be in 1..{args.steps} (--steps)")
     if not 0 <= args.focal_gamma <= 5:
         parser.error("--focal-gamma must be in 0..5")
+    if not 0 <= args.empty_spot_share <= 0.5:
+        parser.error("--empty-spot-share must be in 0..0.5")
     context = multiprocessing.get_context("spawn")
     n = len(args.seeds)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         runs = list(pool.map(_one, args.seeds, [args.steps] * n, [args.lr] * n,
                              [args.min_pixels] * n, [args.warmup_part] * n,
-                             [args.focal_gamma] * n, [args.mark_pattern] * n))
+                             [args.focal_gamma] * n, [args.mark_pattern] * n,
+                             [args.empty_spot_share] * n))
     json.dump({"recipe": {"steps": args.steps, "lr": args.lr or T.LR, "batch": T.BATCH,
                           "oneshot_every": T.ONESHOT_EVERY, "oneshot_batch": T.ONESHOT_BATCH,
                           "min_pixels": args.min_pixels, "warmup_part": args.warmup_part,
                           "focal_gamma": args.focal_gamma, "mark_fraction": zoom.MARK_FRACTION,
                           "mark_pattern": args.mark_pattern,
+                          "empty_spot_share": args.empty_spot_share,
                           **({"mark_stripes": zoom.MARK_STRIPES} if args.mark_pattern == "stripes" else {})},
                "eval_seeds": list(T.EVAL_SEEDS), "runs": runs}, sys.stdout, indent=1)
     print()

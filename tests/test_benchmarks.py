@@ -58,6 +58,7 @@ def test_bad_input_is_one_line(tmp_path, text):
     ("tiny_vlm_seeds", ["--seeds", "0", "--steps", "10", "--warmup-part", "11"],
      "--warmup-part must be in 1..10"),
     ("tiny_vlm_seeds", ["--seeds", "0", "--min-pixels", "0"], "--min-pixels"),
+    ("tiny_vlm_seeds", ["--seeds", "0", "--empty-spot-share", "0.9"], "--empty-spot-share"),
     ("orchestrator_seeds", [], "give --seeds"),
     ("orchestrator_seeds", ["--seeds", "0", "--checkpoint", "x"], "give --seeds"),
     ("orchestrator_seeds", ["--checkpoint", "/nonexistent"], "not a model folder"),

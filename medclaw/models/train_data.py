@@ -47,6 +47,10 @@ NOTHING = "nothing of note"
 FRAME_SHARE = 0.1
 OBJECT_SHARE = 0.8
 KIND_SHARE = {"small": 0.4, "look_alike": 0.4, "flash": 0.2}
+# Samples of an object's spot when nothing of its kind is there (`empty_spot_sample`). Off in
+# the recipe, and 0 draws nothing, so the committed checkpoints' random stream is unchanged.
+# Without them the VLM reads the empty small-object spot as a gauze tag (docs/tiny-trained.md).
+EMPTY_SPOT_SHARE = 0.0
 WIDTH, HEIGHT, FPS = 320, 180, 25
 # `crop_video` requests (`random_clip_sample`): what is asked, clip lengths (s), share over a flash
 CLIP_QUERY = "When is the cautery flash, and which instrument is brought in after it?"
@@ -352,6 +356,8 @@ def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
     visit, so every answer is equally frequent and the prior says nothing. The prompt names a
     random time of the video, not the frame's: with a few dozen training visits, the time stamp
     alone would identify the answer, and the model would learn that instead of looking."""
+    if EMPTY_SPOT_SHARE and rng.uniform() < EMPTY_SPOT_SHARE:
+        return empty_spot_sample(videos, spec, rng)
     table = _objects(videos)
     if rng.uniform() < oneshot_share:                # a visit's question, asked of the whole video
         return random_oneshot_sample(videos, spec, rng, table)
@@ -377,6 +383,21 @@ def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
         x1, y1 = rng.uniform(0, 0.8), rng.uniform(0.1, 0.8)
         box = (x1, y1, min(1.0, x1 + rng.uniform(0.08, 0.3)), min(1.0, y1 + rng.uniform(0.08, 0.3)))
     return region_sample(gt, frames, index, spec, box, query, said)
+
+
+def empty_spot_sample(videos, spec, rng) -> Sample:
+    """A region of a zoom object's box (jittered), on a frame (of every fifth) at which no object
+    of its kind is on screen: target `NOTHING` unless another kind's object lies there."""
+    from medclaw.synth.zoom import visible_at
+
+    table = _objects(videos)
+    kind = _pick(rng, [k for k in ("small", "look_alike") if k in table])
+    k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+    video, frames = videos[k]
+    gt = video.gt
+    index = _pick(rng, [f for f in range(0, gt.num_frames, 5) if not visible_at(gt.zoom, kind, f)])
+    box = _jitter(item["box"], rng, 0.02)
+    return region_sample(gt, frames, index, spec, box, _pick(rng, QUERIES), int(rng.integers(gt.num_frames)))
 
 
 def corpus(clips: bool = False) -> list[str]:

@@ -206,6 +206,8 @@ class TrainReport:
     focal_gamma: float = 0.0
     mark_fraction: float = 0.07
     mark_pattern: str = "solid"
+    # the share of region samples of an empty object spot (train_data.EMPTY_SPOT_SHARE); before it: 0
+    empty_spot_share: float = 0.0
     wall_s: float = 0.0
     loss_first: float = 0.0
     loss_last: float = 0.0
@@ -397,6 +399,7 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
     import torch
     from transformers import AutoProcessor
 
+    from medclaw.models import train_data
     from medclaw.models.train_data import render
     from medclaw.synth import zoom
 
@@ -411,7 +414,8 @@ def train_tiny(out_dir, seed: int = 0, steps: int = STEPS, progress: bool = True
                          oneshot_batch=ONESHOT_BATCH if ONESHOT_EVERY else 0,
                          clip_every=CLIP_EVERY, clip_batch=CLIP_BATCH if CLIP_EVERY else 0,
                          focal_gamma=FOCAL_GAMMA, mark_fraction=zoom.MARK_FRACTION,
-                         mark_pattern=zoom.MARK_PATTERN, machine=machine())
+                         mark_pattern=zoom.MARK_PATTERN,
+                         empty_spot_share=train_data.EMPTY_SPOT_SHARE, machine=machine())
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     background = _start_orchestrator(out / "llm", seed, progress) if orchestrator else None

@@ -154,6 +154,28 @@ def test_the_training_mix_is_balanced_and_the_time_stamp_says_nothing(videos):
     assert said_own_frame < 0.05 * len(samples)
 
 
+def test_empty_spot_samples_crop_an_objects_box_when_nothing_of_its_kind_is_there(videos, monkeypatch):
+    """With EMPTY_SPOT_SHARE 1 every sample is a region near a zoom visit's box, on a frame at
+    which no visit of that kind is on screen, and its target says nothing is there."""
+    from medclaw.models import train_data as D
+    from medclaw.synth.zoom import visible_at
+
+    monkeypatch.setattr(D, "EMPTY_SPOT_SHARE", 1.0)
+    rng = np.random.default_rng(0)
+    gt = videos[0][0].gt
+    kinds = set()
+    for _ in range(40):
+        sample = D.random_sample(videos, T._Budget(), rng)
+        near = [v for v in gt.zoom["visits"]
+                if all(abs(a - b) <= 0.03 for a, b in zip(sample.meta["region"], v["box"]))]
+        assert sample.meta["tool"] == "crop_video_frame" and near, sample.meta
+        kind = near[0]["kind"]
+        assert not visible_at(gt.zoom, kind, sample.meta["frame"])
+        assert sample.target == NOTHING
+        kinds.add(kind)
+    assert kinds == {"small", "look_alike"}
+
+
 def test_sample_loss_weighs_every_reply_alike(base, two_samples, monkeypatch):
     """A five-field frame reply and a one-line region reply count the same in the loss."""
     import torch
