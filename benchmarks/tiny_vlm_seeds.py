@@ -46,7 +46,8 @@ def _one(seed: int, steps: int, lr: float | None, min_pixels: int, warmup_part: 
     # in this spawned process only (it renders its own videos)
     T.MIN_PIXELS, T.WARMUP_PART, T.FOCAL_GAMMA = min_pixels, warmup_part, focal_gamma
     zoom.MARK_PATTERN, D.EMPTY_SPOT_SHARE = mark_pattern, empty_spot_share
-    spec = importlib.util.spec_from_file_location("confusion", Path(__file__).with_name("tiny_vlm_confusion.py"))
+    spec = importlib.util.spec_from_file_location(
+        "confusion", Path(__file__).with_name("tiny_vlm_confusion.py"))
     confusion = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(confusion)
     with tempfile.TemporaryDirectory(prefix="medclaw-vlm-seed-") as tmp:

@@ -397,7 +397,8 @@ def empty_spot_sample(videos, spec, rng) -> Sample:
     gt = video.gt
     index = _pick(rng, [f for f in range(0, gt.num_frames, 5) if not visible_at(gt.zoom, kind, f)])
     box = _jitter(item["box"], rng, 0.02)
-    return region_sample(gt, frames, index, spec, box, _pick(rng, QUERIES), int(rng.integers(gt.num_frames)))
+    query = _pick(rng, QUERIES)
+    return region_sample(gt, frames, index, spec, box, query, int(rng.integers(gt.num_frames)))
 
 
 def corpus(clips: bool = False) -> list[str]:
