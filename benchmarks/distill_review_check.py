@@ -17,7 +17,6 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 
 def check(run_dir: Path, dataset: Path) -> dict:
@@ -33,8 +32,7 @@ def check(run_dir: Path, dataset: Path) -> dict:
         record = records[mined["id"]]
         trace = Path(mined["trace"])
         summary = episode_summary(Trace.load(trace)) if trace.is_file() else "(no trace)"
-        turn = diagnose_turn(SimpleNamespace(id=record.id, question=record.question, gold=record.gold),
-                             mined["answer"], summary)
+        turn = diagnose_turn(record, mined["answer"], summary)
         rows.append({"id": record.id, "answer": mined["answer"], "gold": record.gold,
                      "expected": expected_category(turn), "got": mined["diagnosis"]["category"]})
     pairs = Counter(f"{r['expected']}->{r['got']}" for r in rows)

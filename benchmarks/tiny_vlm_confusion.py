@@ -41,18 +41,18 @@ def empty_spots(model, processor, videos) -> dict:
     "read": {what was read: count}}}."""
     from medclaw.models import train_tiny as T
     from medclaw.models.train_data import QUERIES, read_field, region_sample
+    from medclaw.synth.zoom import VISIT_KIND
 
     budget = T._Budget()
-    fields = {"small_object": ("small", "small object", QUERIES[0]),
-              "look_alike": ("look_alike", "left instrument", QUERIES[1])}
+    fields = {"small_object": ("small object", QUERIES[0]), "look_alike": ("left instrument", QUERIES[1])}
     out: dict = {}
     for video, frames in videos:
         gt = video.gt
         for q in gt.zoom["qa"]:
             if q["kind"] not in fields:
                 continue
-            kind, field, query = fields[q["kind"]]
-            t = empty_time(gt, kind, q["evidence_times_s"][0])
+            field, query = fields[q["kind"]]
+            t = empty_time(gt, VISIT_KIND[q["kind"]], q["evidence_times_s"][0])
             if t is None:
                 continue
             sample = region_sample(gt, frames, gt.frame_at(t), budget, q["box"], query)

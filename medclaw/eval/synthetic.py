@@ -138,8 +138,6 @@ def _with_longer_names(choices: list[str]) -> list[str]:
     return choices + [n for n in every if n not in choices and any(names(n, c) for c in choices)]
 
 
-# The zoom question kinds that name a moment, and the `synth.zoom` visit kind they ask about.
-VISIT_OF_QUESTION = {"small_object": "small", "look_alike": "look_alike"}
 WHOLE_SECOND_MARGIN_S = 0.25      # a whole-second moment stays this far inside its visit
 
 
@@ -150,9 +148,9 @@ def at_whole_second(gt: GroundTruth, q: dict) -> dict:
     whole second (visits last at least 2 s, so only a broken ground truth does that)."""
     import math
 
-    from medclaw.synth.zoom import visible_at, zoom_question
+    from medclaw.synth.zoom import VISIT_KIND, visible_at, zoom_question
 
-    t, kind = q["evidence_times_s"][0], VISIT_OF_QUESTION[q["kind"]]
+    t, kind = q["evidence_times_s"][0], VISIT_KIND[q["kind"]]
     visit = next(v for v in gt.zoom["visits"] if v["kind"] == kind and v["start_s"] <= t < v["end_s"])
     seconds = range(math.ceil(visit["start_s"] + WHOLE_SECOND_MARGIN_S),
                     math.floor(visit["end_s"] - WHOLE_SECOND_MARGIN_S) + 1)
@@ -168,14 +166,14 @@ def at_whole_second(gt: GroundTruth, q: dict) -> dict:
 def _zoom(gt: GroundTruth, whole_seconds: bool = False) -> list[list[dict]]:
     """The zoom questions of `gt` (`synth.zoom`), one list per family; with `whole_seconds`
     the small-object and look-alike ones asked at a whole second (`at_whole_second`)."""
-    from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
+    from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS, VISIT_KIND
 
     choices = {"small_object": _with_longer_names([_label(n) for n in SMALL_OBJECTS]),
                "look_alike": _with_longer_names([_label(n) for n in LOOK_ALIKES]),
                "short_event": [_label(n) for n in INSTRUMENT_NAMES]}
     families: dict[str, list[dict]] = {kind: [] for kind in ZOOM_QUESTIONS}
     for q in (gt.zoom or {}).get("qa", []):
-        if whole_seconds and q["kind"] in VISIT_OF_QUESTION:
+        if whole_seconds and q["kind"] in VISIT_KIND:
             q = at_whole_second(gt, q)
         times = q["evidence_times_s"]
         window = ([_round(times[0] - ZOOM_WINDOW_S), _round(times[0] + ZOOM_WINDOW_S)]

@@ -219,12 +219,12 @@ def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
     SynthVideo; `frames` its decoded frames), planned like `eval.oneshot` plans it."""
     from medclaw.eval import oneshot
     from medclaw.eval.synthetic import ZOOM_WINDOW_S
-    from medclaw.synth.zoom import visible_at, zoom_question
+    from medclaw.synth.zoom import VISIT_KIND, visible_at, zoom_question
     from medclaw.tools.timeline import Window
 
     gt = video.gt
     info, plan, clip = planned_clip(video, frames, spec, oneshot.MAX_TOKENS)
-    names = visible_at(gt.zoom, "small" if kind == "small_object" else "look_alike", gt.frame_at(t))
+    names = visible_at(gt.zoom, VISIT_KIND[kind], gt.frame_at(t))
     answer = _label(names[0]) if names else "none"
     question = zoom_question(kind, t)
     window = Window(max(0.0, t - ZOOM_WINDOW_S), t + ZOOM_WINDOW_S)     # the gold window

@@ -191,6 +191,10 @@ def visible_at(zoom: dict, kind: str, frame: int) -> list[str]:
                   if v["kind"] == kind and v["start_frame"] <= frame < v["end_frame"])
 
 
+# The question kinds that name a moment, and the kind of visit each asks about.
+VISIT_KIND = {"small_object": "small", "look_alike": "look_alike"}
+
+
 def zoom_question(kind: str, t: float) -> str:
     """The question about the `kind` visit ("small_object" | "look_alike") on screen at `t`."""
     if kind == "small_object":

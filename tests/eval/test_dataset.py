@@ -129,6 +129,7 @@ def test_whole_second_questions_ask_the_same_visits_at_whole_seconds(tmp_path):
     inside the same visit: the same answers, in the same order, now at "at 17 s"."""
     from medclaw.eval.synthetic import make_synthetic
     from medclaw.synth.truth import GroundTruth
+    from medclaw.synth.zoom import VISIT_KIND
 
     def asked(records):
         return [float(re.search(r"(\d+(?:\.\d+)?) s\b", r.question).group(1)) for r in records]
@@ -144,7 +145,7 @@ def test_whole_second_questions_ask_the_same_visits_at_whole_seconds(tmp_path):
     assert any(t != int(t) for t in asked(tenths))     # else the option changed nothing here
     for r, t, t0 in zip(whole, asked(whole), asked(tenths)):
         gt = GroundTruth.load(tmp_path / "b" / "videos" / f"video-{r.id[1]}.json")
-        kind = "small" if r.subtype == "small_object" else "look_alike"
+        kind = VISIT_KIND[r.subtype]
         visit = next(v for v in gt.zoom["visits"] if v["kind"] == kind
                      and v["start_s"] <= t0 < v["end_s"])
         assert visit["start_s"] < t < visit["end_s"], (r.question, visit)
