@@ -40,23 +40,21 @@ def empty_spots(model, processor, videos) -> dict:
     (`train_data.NOTHING` or `none`). Returns {kind: {"reads_nothing": share, "count": n,
     "read": {what was read: count}}}."""
     from medclaw.models import train_tiny as T
-    from medclaw.models.train_data import QUERIES, read_field, region_sample
+    from medclaw.models.train_data import FIELD, QUERY, read_field, region_sample
     from medclaw.synth.zoom import VISIT_KIND
 
     budget = T._Budget()
-    fields = {"small_object": ("small object", QUERIES[0]), "look_alike": ("left instrument", QUERIES[1])}
     out: dict = {}
     for video, frames in videos:
         gt = video.gt
         for q in gt.zoom["qa"]:
-            if q["kind"] not in fields:
+            if q["kind"] not in FIELD:
                 continue
-            field, query = fields[q["kind"]]
             t = empty_time(gt, VISIT_KIND[q["kind"]], q["evidence_times_s"][0])
             if t is None:
                 continue
-            sample = region_sample(gt, frames, gt.frame_at(t), budget, q["box"], query)
-            said = read_field(T.describe(model, processor, sample), field)
+            sample = region_sample(gt, frames, gt.frame_at(t), budget, q["box"], QUERY[q["kind"]])
+            said = read_field(T.describe(model, processor, sample), FIELD[q["kind"]])
             row = out.setdefault(q["kind"], {"right": 0, "count": 0, "read": {}})
             row["count"] += 1
             row["right"] += said in (None, "none")

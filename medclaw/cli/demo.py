@@ -23,7 +23,6 @@ import argparse
 import json
 
 DEMO_KIND = "small_object"           # the zoom question family the demo asks (synth.zoom)
-VISIT_KINDS = {"small_object": "small", "look_alike": "look_alike"}    # question kind → visit kind
 DEMO_SEED = 0                        # not among the miniature's training seeds
 RANDOM_WEIGHTS_LABEL = ("TINY RANDOM WEIGHTS: the answer below is noise. The structure is real: "
                         "engines, tool calls, decoded frames, cache accounting and the trace.")
@@ -69,8 +68,10 @@ def _handle(args) -> int:
         started = time.perf_counter()
         video = _synth(out / "demo-procedure.mp4", args.minutes)
         timings["synth_s"] = time.perf_counter() - started
+    from medclaw.synth.zoom import VISIT_KIND
+
     qa = next(q for q in video.gt.zoom["qa"] if q["kind"] == DEMO_KIND)
-    visit = next(v for v in video.gt.zoom["visits"] if v["kind"] == VISIT_KINDS[DEMO_KIND]
+    visit = next(v for v in video.gt.zoom["visits"] if v["kind"] == VISIT_KIND[DEMO_KIND]
                  and v["start_s"] <= qa["evidence_times_s"][0] < v["end_s"])
     console.log(f"video {video.path} ({video.duration_s:.0f} s); the {qa['answer']} is on screen "
                 f"{visit['start_s']:.1f}-{visit['end_s']:.1f} s")

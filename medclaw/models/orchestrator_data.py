@@ -32,12 +32,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medclaw.models.train_data import NOTHING, QUERIES, region_target
+from medclaw.models.train_data import FIELD, NOTHING, QUERY, region_target
 from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
 KINDS = ("small_object", "look_alike")
-QUERY = {"small_object": QUERIES[0], "look_alike": QUERIES[1]}
-FIELD = {"small_object": "small object", "look_alike": "left instrument"}
 NAMES = {"small_object": [n.replace("_", " ") for n in SMALL_OBJECTS],
          "look_alike": [n.replace("_", " ") for n in LOOK_ALIKES]}
 THOUGHT = {"small_object": "Zoom on the small object spot at that time.",

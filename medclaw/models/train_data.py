@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS, ZoomOptions
+from medclaw.synth.zoom import LOOK_ALIKES, QUESTION_KIND, SMALL_OBJECTS, ZoomOptions
 from medclaw.tools.prompts import VIDEO_EXPERT_SYSTEM
 
 QUERIES = (                        # what an orchestrator asks a frame tool; the reply is the same
@@ -42,6 +42,10 @@ QUERIES = (                        # what an orchestrator asks a frame tool; the
     "What is in this region?",
 )
 NOTHING = "nothing of note"
+# A zoom question's kind -> the description field that names its object, and what the frame tools
+# are asked about it (the orchestrator's zoom calls, the VLM's held-out scores).
+FIELD = {"small_object": "small object", "look_alike": "left instrument"}
+QUERY = {"small_object": QUERIES[0], "look_alike": QUERIES[1]}
 # The training mix (`random_sample`): whole frames vs regions, samples centred on a zoom object,
 # and how the object samples split between kinds (names within a kind are equally likely).
 FRAME_SHARE = 0.1
@@ -116,8 +120,7 @@ def region_target(gt, frame: int, region) -> str:
     lines = []
     for v in _on(gt.zoom.get("visits", []), frame):
         if _centre_in(v["box"], region):
-            key = "small object" if v["kind"] == "small" else "left instrument"
-            lines.append(f"{key}: {_label(v['name'])}")
+            lines.append(f"{FIELD[QUESTION_KIND[v['kind']]]}: {_label(v['name'])}")
     for f in gt.zoom.get("flashes", []):
         if f["frame"] <= frame < f["end_frame"] and _centre_in(f["box"], region):
             lines.append("flash: yes")
@@ -347,7 +350,7 @@ def random_oneshot_sample(videos, spec, rng, table: dict | None = None) -> Sampl
     k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
     video, frames = videos[k]
     t = round(_alone(video.gt, item, rng) / video.gt.fps, 1)
-    return oneshot_sample(video, frames, spec, "small_object" if kind == "small" else "look_alike", t)
+    return oneshot_sample(video, frames, spec, QUESTION_KIND[kind], t)
 
 
 def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:

@@ -360,27 +360,26 @@ def evaluate(model, processor, videos) -> tuple[dict, dict, dict]:
     Returns (accuracy, counts, confusion): confusion[kind][view][gold answer][what was read]
     counts replies, so a name the model never says (a dead class) shows at a glance."""
     from medclaw.eval.oneshot import split_answer
-    from medclaw.models.train_data import QUERIES, frame_sample, oneshot_sample, read_field, region_sample
+    from medclaw.models.train_data import (FIELD, QUERY, frame_sample, oneshot_sample, read_field,
+                                           region_sample)
 
     budget = _Budget()          # the module's MIN_PIXELS etc. as they are now
-    fields = {"small_object": "small object", "look_alike": "left instrument"}
-    queries = {"small_object": QUERIES[0], "look_alike": QUERIES[1]}     # what the tool is asked
     hits: dict = {}
     confusion: dict = {}
     for video, frames in videos:
         gt = video.gt
         for q in gt.zoom["qa"]:
-            if q["kind"] not in fields:
+            if q["kind"] not in FIELD:
                 continue
             t = q["evidence_times_s"][0]
             index = gt.frame_at(t)
             for view, sample in (
-                    ("frame", frame_sample(gt, frames, index, budget, queries[q["kind"]])),
-                    ("region", region_sample(gt, frames, index, budget, q["box"], queries[q["kind"]])),
+                    ("frame", frame_sample(gt, frames, index, budget, QUERY[q["kind"]])),
+                    ("region", region_sample(gt, frames, index, budget, q["box"], QUERY[q["kind"]])),
                     ("oneshot", oneshot_sample(video, frames, budget, q["kind"], t))):
                 reply = describe(model, processor, sample)
                 said = (split_answer(reply)[0].strip().lower() if view == "oneshot"
-                        else read_field(reply, fields[q["kind"]]))
+                        else read_field(reply, FIELD[q["kind"]]))
                 hits.setdefault(q["kind"], {}).setdefault(view, []).append(said == q["answer"])
                 read = confusion.setdefault(q["kind"], {}).setdefault(view, {}).setdefault(q["answer"], {})
                 key = said or "(no answer)"

@@ -191,8 +191,9 @@ def visible_at(zoom: dict, kind: str, frame: int) -> list[str]:
                   if v["kind"] == kind and v["start_frame"] <= frame < v["end_frame"])
 
 
-# The question kinds that name a moment, and the kind of visit each asks about.
+# The question kinds that name a moment, and the kind of visit each asks about (and back).
 VISIT_KIND = {"small_object": "small", "look_alike": "look_alike"}
+QUESTION_KIND = {visit: question for question, visit in VISIT_KIND.items()}
 
 
 def zoom_question(kind: str, t: float) -> str:
@@ -217,7 +218,7 @@ def _zoom_qa(zoom: dict, rng) -> list[dict]:
     for v in zoom["visits"]:
         # a time well inside the visit, on a frame boundary
         t = round(v["start_s"] + (0.3 + 0.4 * float(rng.uniform())) * (v["end_s"] - v["start_s"]), 1)
-        kind = "small_object" if v["kind"] == "small" else "look_alike"
+        kind = QUESTION_KIND[v["kind"]]
         qa(kind, zoom_question(kind, t), v["name"].replace("_", " "), [t], v["box"])
     for k, flash in enumerate(zoom["flashes"]):
         after = flash["instrument_in_after"]

@@ -71,12 +71,12 @@ def _served_reply(backend, sample) -> str:
 
 
 def test_a_region_request_gets_the_same_reply(held_out, served_vlm, hf_vlm):
-    from medclaw.models.train_data import QUERIES, region_sample
+    from medclaw.models.train_data import QUERY, region_sample
 
     video, frames = held_out
     visit = next(v for v in video.gt.zoom["visits"] if v["kind"] == "look_alike")
     index = (visit["start_frame"] + visit["end_frame"]) // 2
-    sample = region_sample(video.gt, frames, index, T._Budget(), visit["box"], QUERIES[1])
+    sample = region_sample(video.gt, frames, index, T._Budget(), visit["box"], QUERY["look_alike"])
     hf_reply = T.describe(*hf_vlm, sample)
     assert hf_reply == sample.target                      # the committed VLM reads the region
     assert _served_reply(served_vlm, sample) == hf_reply

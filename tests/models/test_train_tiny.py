@@ -10,10 +10,10 @@ import pytest
 from medclaw.cli import main
 from medclaw.models import train_tiny as T
 from medclaw.models.train_data import (
-    NOTHING, clip_target, frame_sample, frame_target, read_field, region_sample, region_target,
+    FIELD, NOTHING, clip_target, frame_sample, frame_target, read_field, region_sample, region_target,
 )
 from medclaw.synth.truth import make_ground_truth
-from medclaw.synth.zoom import ZoomOptions
+from medclaw.synth.zoom import QUESTION_KIND, VISIT_KIND, ZoomOptions
 from medclaw.tools.timeline import format_time
 
 
@@ -25,7 +25,7 @@ def test_targets_follow_the_ground_truth():
     gt = _gt()
     for visit in gt.zoom["visits"]:
         frame = (visit["start_frame"] + visit["end_frame"]) // 2
-        key = "small object" if visit["kind"] == "small" else "left instrument"
+        key = FIELD[QUESTION_KIND[visit["kind"]]]
         name = visit["name"].replace("_", " ")
         assert read_field(frame_target(gt, frame), key) == name
         assert read_field(region_target(gt, frame, visit["box"]), key) == name
@@ -138,15 +138,16 @@ def test_the_training_mix_is_balanced_and_the_time_stamp_says_nothing(videos):
 
     rng = np.random.default_rng(0)
     samples = [random_sample(videos, T._Budget(), rng) for _ in range(600)]
-    names = {kind: Counter() for kind in ("small object", "left instrument")}
+    names = {key: Counter() for key in FIELD.values()}
     for s in samples:
         for key, counts in names.items():
             value = read_field(s.target, key)
             if value not in (None, "none"):
                 counts[value] += 1
     gt = videos[0][0].gt
-    for key, kind in (("small object", "small"), ("left instrument", "look_alike")):
-        expected = {v["name"].replace("_", " ") for v in gt.zoom["visits"] if v["kind"] == kind}
+    for question_kind, key in FIELD.items():
+        expected = {v["name"].replace("_", " ") for v in gt.zoom["visits"]
+                    if v["kind"] == VISIT_KIND[question_kind]}
         assert set(names[key]) == expected
         low, high = min(names[key].values()), max(names[key].values())
         assert high <= 1.4 * low, names[key]
