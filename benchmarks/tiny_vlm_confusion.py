@@ -40,26 +40,23 @@ def empty_spots(model, processor, videos) -> dict:
     (`train_data.NOTHING` or `none`). Returns {kind: {"reads_nothing": share, "count": n,
     "read": {what was read: count}}}."""
     from medclaw.models import train_tiny as T
-    from medclaw.models.train_data import FIELD, QUERY, read_field, region_sample
+    from medclaw.models.train_data import FIELD, QUERY, read_field, region_sample, zoom_questions
     from medclaw.synth.zoom import VISIT_KIND
 
     budget = T._Budget()
     out: dict = {}
-    for video, frames in videos:
+    for video, frames, q in zoom_questions(videos):
         gt = video.gt
-        for q in gt.zoom["qa"]:
-            if q["kind"] not in FIELD:
-                continue
-            t = empty_time(gt, VISIT_KIND[q["kind"]], q["evidence_times_s"][0])
-            if t is None:
-                continue
-            sample = region_sample(gt, frames, gt.frame_at(t), budget, q["box"], QUERY[q["kind"]])
-            said = read_field(T.describe(model, processor, sample), FIELD[q["kind"]])
-            row = out.setdefault(q["kind"], {"right": 0, "count": 0, "read": {}})
-            row["count"] += 1
-            row["right"] += said in (None, "none")
-            key = said or "(nothing)"
-            row["read"][key] = row["read"].get(key, 0) + 1
+        t = empty_time(gt, VISIT_KIND[q["kind"]], q["evidence_times_s"][0])
+        if t is None:
+            continue
+        sample = region_sample(gt, frames, gt.frame_at(t), budget, q["box"], QUERY[q["kind"]])
+        said = read_field(T.describe(model, processor, sample), FIELD[q["kind"]])
+        row = out.setdefault(q["kind"], {"right": 0, "count": 0, "read": {}})
+        row["count"] += 1
+        row["right"] += said in (None, "none")
+        key = said or "(nothing)"
+        row["read"][key] = row["read"].get(key, 0) + 1
     return {kind: {"reads_nothing": round(row.pop("right") / row["count"], 4), **row}
             for kind, row in out.items()}
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from medclaw.synth.zoom import LOOK_ALIKES, QUESTION_KIND, SMALL_OBJECTS, ZoomOptions
+from medclaw.synth.zoom import LOOK_ALIKES, QUESTION_KIND, SMALL_OBJECTS, VISIT_KIND, ZoomOptions
 from medclaw.tools.prompts import VIDEO_EXPERT_SYSTEM
 
 QUERIES = (                        # what an orchestrator asks a frame tool; the reply is the same
@@ -223,7 +223,7 @@ def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
     SynthVideo; `frames` its decoded frames), planned like `eval.oneshot` plans it."""
     from medclaw.eval import oneshot
     from medclaw.eval.synthetic import ZOOM_WINDOW_S
-    from medclaw.synth.zoom import VISIT_KIND, visible_at, zoom_question
+    from medclaw.synth.zoom import visible_at, zoom_question
     from medclaw.tools.timeline import Window
 
     gt = video.gt
@@ -347,7 +347,7 @@ def random_oneshot_sample(videos, spec, rng, table: dict | None = None) -> Sampl
     """The one-shot baseline's request about a zoom visit, drawn balanced like the frame samples
     (kind, then name, then visit) at a time when no other object of its kind is on screen."""
     table = table or _objects(videos)
-    kind = _pick(rng, ("small", "look_alike"))
+    kind = _pick(rng, tuple(VISIT_KIND.values()))
     k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
     video, frames = videos[k]
     t = round(_alone(video.gt, item, rng) / video.gt.fps, 1)
@@ -395,7 +395,7 @@ def empty_spot_sample(videos, spec, rng) -> Sample:
     from medclaw.synth.zoom import visible_at
 
     table = _objects(videos)
-    kind = _pick(rng, [k for k in ("small", "look_alike") if k in table])
+    kind = _pick(rng, [k for k in VISIT_KIND.values() if k in table])
     k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
     video, frames = videos[k]
     gt = video.gt
@@ -403,6 +403,15 @@ def empty_spot_sample(videos, spec, rng) -> Sample:
     box = _jitter(item["box"], rng, 0.02)
     query = _pick(rng, QUERIES)
     return region_sample(gt, frames, index, spec, box, query, int(rng.integers(gt.num_frames)))
+
+
+def zoom_questions(videos):
+    """(video, frames, question) for every question of `videos` about a zoom object (FIELD's
+    kinds): the held-out items the VLM's scores read."""
+    for video, frames in videos:
+        for q in video.gt.zoom["qa"]:
+            if q["kind"] in FIELD:
+                yield video, frames, q
 
 
 def corpus(clips: bool = False) -> list[str]:

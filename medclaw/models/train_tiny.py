@@ -361,29 +361,26 @@ def evaluate(model, processor, videos) -> tuple[dict, dict, dict]:
     counts replies, so a name the model never says (a dead class) shows at a glance."""
     from medclaw.eval.oneshot import split_answer
     from medclaw.models.train_data import (FIELD, QUERY, frame_sample, oneshot_sample, read_field,
-                                           region_sample)
+                                           region_sample, zoom_questions)
 
     budget = _Budget()          # the module's MIN_PIXELS etc. as they are now
     hits: dict = {}
     confusion: dict = {}
-    for video, frames in videos:
+    for video, frames, q in zoom_questions(videos):
         gt = video.gt
-        for q in gt.zoom["qa"]:
-            if q["kind"] not in FIELD:
-                continue
-            t = q["evidence_times_s"][0]
-            index = gt.frame_at(t)
-            for view, sample in (
-                    ("frame", frame_sample(gt, frames, index, budget, QUERY[q["kind"]])),
-                    ("region", region_sample(gt, frames, index, budget, q["box"], QUERY[q["kind"]])),
-                    ("oneshot", oneshot_sample(video, frames, budget, q["kind"], t))):
-                reply = describe(model, processor, sample)
-                said = (split_answer(reply)[0].strip().lower() if view == "oneshot"
-                        else read_field(reply, FIELD[q["kind"]]))
-                hits.setdefault(q["kind"], {}).setdefault(view, []).append(said == q["answer"])
-                read = confusion.setdefault(q["kind"], {}).setdefault(view, {}).setdefault(q["answer"], {})
-                key = said or "(no answer)"
-                read[key] = read.get(key, 0) + 1
+        t = q["evidence_times_s"][0]
+        index = gt.frame_at(t)
+        for view, sample in (
+                ("frame", frame_sample(gt, frames, index, budget, QUERY[q["kind"]])),
+                ("region", region_sample(gt, frames, index, budget, q["box"], QUERY[q["kind"]])),
+                ("oneshot", oneshot_sample(video, frames, budget, q["kind"], t))):
+            reply = describe(model, processor, sample)
+            said = (split_answer(reply)[0].strip().lower() if view == "oneshot"
+                    else read_field(reply, FIELD[q["kind"]]))
+            hits.setdefault(q["kind"], {}).setdefault(view, []).append(said == q["answer"])
+            read = confusion.setdefault(q["kind"], {}).setdefault(view, {}).setdefault(q["answer"], {})
+            key = said or "(no answer)"
+            read[key] = read.get(key, 0) + 1
     accuracy = {k: {v: round(sum(h) / len(h), 4) for v, h in views.items()} for k, views in hits.items()}
     counts = {k: len(views["frame"]) for k, views in hits.items()}
     return accuracy, counts, confusion
