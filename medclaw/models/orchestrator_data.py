@@ -35,7 +35,6 @@ from pathlib import Path
 from medclaw.models.train_data import FIELD, NOTHING, QUERY, region_target
 from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
-KINDS = ("small_object", "look_alike")
 NAMES = {"small_object": [n.replace("_", " ") for n in SMALL_OBJECTS],
          "look_alike": [n.replace("_", " ") for n in LOOK_ALIKES]}
 THOUGHT = {"small_object": "Zoom on the small object spot at that time.",
@@ -261,7 +260,7 @@ def question_cases(videos) -> list:
     cases = []
     for video, info in videos:
         for q in video.gt.zoom["qa"]:
-            if q["kind"] in KINDS:
+            if q["kind"] in FIELD:
                 cases.append(Case(str(video.path), info, video.gt, q["kind"], q["question"],
                                   float(q["evidence_times_s"][0]), tuple(round(b, 2) for b in q["box"])))
     return cases

@@ -334,6 +334,12 @@ def _pick(rng, seq):
     return seq[int(rng.integers(len(seq)))]
 
 
+def _pick_visit(rng, table: dict, kind: str):
+    """(video index, item) of `kind` from an `_objects` table: a name first, then one of its
+    items, so every name is equally likely however often it appears."""
+    return _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+
+
 def _alone(gt, item, rng) -> int:
     """A frame of `item` on which no other object of its kind is on screen (in a short video two
     visits of a kind may overlap, and the later one is drawn over the earlier)."""
@@ -348,7 +354,7 @@ def random_oneshot_sample(videos, spec, rng, table: dict | None = None) -> Sampl
     (kind, then name, then visit) at a time when no other object of its kind is on screen."""
     table = table or _objects(videos)
     kind = _pick(rng, tuple(VISIT_KIND.values()))
-    k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+    k, item = _pick_visit(rng, table, kind)
     video, frames = videos[k]
     t = round(_alone(video.gt, item, rng) / video.gt.fps, 1)
     return oneshot_sample(video, frames, spec, QUESTION_KIND[kind], t)
@@ -369,7 +375,7 @@ def random_sample(videos, spec, rng, oneshot_share: float = 0.0) -> Sample:
         kinds = [k for k in KIND_SHARE if k in table]
         kind = kinds[int(rng.choice(len(kinds), p=[KIND_SHARE[k] / sum(KIND_SHARE[j] for j in kinds)
                                                    for k in kinds]))]
-        k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+        k, item = _pick_visit(rng, table, kind)
         video, frames = videos[k]
         index = _alone(video.gt, item, rng)
     else:
@@ -396,7 +402,7 @@ def empty_spot_sample(videos, spec, rng) -> Sample:
 
     table = _objects(videos)
     kind = _pick(rng, [k for k in VISIT_KIND.values() if k in table])
-    k, item = _pick(rng, table[kind][_pick(rng, sorted(table[kind]))])
+    k, item = _pick_visit(rng, table, kind)
     video, frames = videos[k]
     gt = video.gt
     index = _pick(rng, [f for f in range(0, gt.num_frames, 5) if not visible_at(gt.zoom, kind, f)])

@@ -343,7 +343,7 @@ def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     """Two episodes (one per kind) learnt by heart, replayed by vLLM with constrained decoding."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
 
-    chosen = [next(c for c in cases if c.kind == kind) for kind in D.KINDS]
+    chosen = [next(c for c in cases if c.kind == kind) for kind in D.FIELD]
     played = _play(chosen, root)
     folder = root / "llm"
     report = T.fit(folder, played, steps=120, batch=len(played) * 2, lr=5e-3, sizes=SMALL,
