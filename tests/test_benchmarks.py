@@ -1,13 +1,15 @@
 """benchmarks/plot_decode.py turns a decode JSON into a chart, and says what is wrong with bad JSON;
 benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer; the seed
 benchmarks' arguments are checked before any training starts, and the orchestrator's sets
-every training setting its flags name."""
+every training setting its flags name; benchmarks/zoom_contrast.py measures how far each zoom
+object's region stands from its empty spot."""
 from __future__ import annotations
 
 import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +65,8 @@ def test_bad_input_is_one_line(tmp_path, text):
     ("orchestrator_seeds", ["--seeds", "0", "--checkpoint", "x"], "give --seeds"),
     ("orchestrator_seeds", ["--checkpoint", "/nonexistent"], "not a model folder"),
     ("orchestrator_seeds", ["--seeds", "0", "--focal-gamma", "9"], "--focal-gamma"),
-    ("orchestrator_seeds", ["--seeds", "0", "--whole-second-share", "2"], "--whole-second-share")])
+    ("orchestrator_seeds", ["--seeds", "0", "--whole-second-share", "2"], "--whole-second-share"),
+    ("zoom_contrast", ["--minutes", "0"], "--minutes")])
 def test_seed_benchmarks_refuse_bad_arguments_in_one_line(name, args, message, capsys):
     """Checked before any model loads or trains."""
     with pytest.raises(SystemExit) as err:
@@ -110,6 +113,24 @@ def test_an_empty_time_shows_nothing_of_its_kind(tmp_path):
         picked += 1
     assert picked >= 2
 
+
+
+def test_zoom_contrast_sees_each_object_against_its_empty_spot(capsys):
+    """Every small object of a held-out video stands out of its empty spot in the region's pixels
+    (a crop at a wrong time would measure about 0), and `distance` is 0 for the same view."""
+    zoom_contrast = _benchmark("zoom_contrast")
+    assert zoom_contrast.main(["--seeds", "5000", "--minutes", "0.2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    small = out["contrast"]["small_object"]
+    assert small and set(small) <= set(out["small_object_colors"])
+    for row in small.values():
+        assert row["count"] >= 1 and row["rgb"] > 100 and 0 < row["luma"] < row["rgb"]
+    view = np.full((56, 56, 3), 120, np.uint8)
+    painted = view.copy()
+    painted[20:34, 20:34] = (0, 0, 128)
+    assert zoom_contrast.distance(view, view) == (0.0, 0.0)
+    rgb, luma = zoom_contrast.distance(painted, view)
+    assert rgb == pytest.approx(float(np.linalg.norm([120, 120, 8]))) and luma > 0
 
 
 def test_the_orchestrator_seed_benchmark_sets_each_setting_it_names(monkeypatch):
