@@ -114,7 +114,6 @@ def test_an_empty_time_shows_nothing_of_its_kind(tmp_path):
     assert picked >= 2
 
 
-
 def test_zoom_contrast_sees_each_object_against_its_empty_spot(capsys):
     """Every small object of a held-out video stands out of its empty spot in the region's pixels
     (a crop at a wrong time would measure about 0), and `distance` is 0 for the same view."""
