@@ -54,7 +54,8 @@ KIND_SHARE = {"small": 0.4, "look_alike": 0.4, "flash": 0.2}
 # Samples of an object's spot when nothing of its kind is there (`empty_spot_sample`). Off in
 # the recipe, and 0 draws nothing, so the committed checkpoints' random stream is unchanged.
 # Without them the VLM reads the empty small-object spot as a gauze tag; 0.1 mended that on
-# one seed of three, 0.25 on all three but cost two of them the gauze tag (docs/tiny-trained.md).
+# one seed of three, 0.25 on all three but cost two of them a small object (so too with the
+# gauze tag in another colour; at 3200 steps, one of the two; docs/tiny-trained.md).
 EMPTY_SPOT_SHARE = 0.0
 WIDTH, HEIGHT, FPS = 320, 180, 25
 # `crop_video` requests (`random_clip_sample`): what is asked, clip lengths (s), share over a flash
