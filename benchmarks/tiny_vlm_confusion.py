@@ -22,26 +22,15 @@ import tempfile
 from pathlib import Path
 
 
-EMPTY_SHIFTS_S = (-5, 5, -8, 8, -12, 12, -3, 3)    # tried in order from the question's time
-
-
-def empty_time(gt, kind: str, t: float) -> float | None:
-    """The first of t + EMPTY_SHIFTS_S inside the video at which no `kind` visit is on screen."""
-    from medclaw.synth.zoom import visible_at
-
-    return next((t + d for d in EMPTY_SHIFTS_S if 0 <= t + d < gt.duration_s
-                 and not visible_at(gt.zoom, kind, gt.frame_at(t + d))), None)
-
-
 def empty_spots(model, processor, videos) -> dict:
     """For each small-object and look-alike question: the region of its box cropped at the first
-    time in EMPTY_SHIFTS_S from its moment at which no object of its kind is on screen (checked
-    with the ground truth), and what the VLM reads there. Right is reading nothing of that field
-    (`train_data.NOTHING` or `none`). Returns {kind: {"reads_nothing": share, "count": n,
-    "read": {what was read: count}}}."""
+    time in `synth.zoom.EMPTY_SHIFTS_S` from its moment at which no object of its kind is on
+    screen (`synth.zoom.empty_time`, checked with the ground truth), and what the VLM reads
+    there. Right is reading nothing of that field (`train_data.NOTHING` or `none`). Returns
+    {kind: {"reads_nothing": share, "count": n, "read": {what was read: count}}}."""
     from medclaw.models import train_tiny as T
     from medclaw.models.train_data import FIELD, QUERY, read_field, region_sample, zoom_questions
-    from medclaw.synth.zoom import VISIT_KIND
+    from medclaw.synth.zoom import VISIT_KIND, empty_time
 
     budget = T._Budget()
     out: dict = {}

@@ -5,32 +5,22 @@
 For each small-object and look-alike question of the videos of `--seeds` (default the held-out
 `train_tiny.EVAL_SEEDS`), the region of its box as `crop_video_frame` sends it (the profile's
 sizes, `train_data.view`) at the question's time, and the same region at the time
-`tiny_vlm_confusion.empty_time` picks, when nothing of its kind is on screen. Their distance
-over the object's pixels (the 5 % of the region's pixels that differ most) in RGB and in luma
+`synth.zoom.empty_time` picks (as `tiny_vlm_confusion.py` does), when nothing of its kind is
+on screen. Their distance over the object's pixels (the 5 % of the region's pixels that differ most) in RGB and in luma
 (BT.601 weights), per gold answer, as JSON on stdout. No model: it says which object a VLM has
 the least to tell from an empty spot with (`synth.zoom.SMALL_OBJECTS` colours), in seconds.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 
 LUMA = np.asarray([0.299, 0.587, 0.114])
 TOP_SHARE = 0.05            # of a region's pixels: the object's (a small object is ~1/16 of its box)
-
-
-def _empty_time():
-    path = Path(__file__).with_name("tiny_vlm_confusion.py")
-    spec = importlib.util.spec_from_file_location("tiny_vlm_confusion", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.empty_time
 
 
 def distance(with_object: np.ndarray, empty: np.ndarray) -> tuple[float, float]:
@@ -45,9 +35,9 @@ def contrast(videos) -> dict:
     """{question kind: {gold answer: {"rgb", "luma", "count"}}} over `videos` ([(video, frames)])."""
     from medclaw.models import train_tiny as T
     from medclaw.models.train_data import view, zoom_questions
-    from medclaw.synth.zoom import VISIT_KIND
+    from medclaw.synth.zoom import VISIT_KIND, empty_time
 
-    empty_time, budget = _empty_time(), T._Budget()
+    budget = T._Budget()
     rows: dict = {}
     for video, frames, q in zoom_questions(videos):
         gt, t = video.gt, q["evidence_times_s"][0]

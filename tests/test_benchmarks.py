@@ -96,9 +96,8 @@ def test_confusion_of_the_committed_vlm_on_a_held_out_video(capsys):
 def test_an_empty_time_shows_nothing_of_its_kind(tmp_path):
     """`empty_time` picks a time inside the video at which no visit of the kind is on screen."""
     from medclaw.synth.video import synthesize
-    from medclaw.synth.zoom import VISIT_KIND, ZoomOptions, visible_at
+    from medclaw.synth.zoom import VISIT_KIND, ZoomOptions, empty_time, visible_at
 
-    confusion = _benchmark("tiny_vlm_confusion")
     gt = synthesize(tmp_path / "zoom.mp4", minutes=0.5, seed=5000, width=320, height=180,
                     fps=25, zoom=ZoomOptions.all(), progress=False).gt
     picked = 0
@@ -106,7 +105,7 @@ def test_an_empty_time_shows_nothing_of_its_kind(tmp_path):
         kind = VISIT_KIND.get(q["kind"])
         if kind is None:
             continue
-        t = confusion.empty_time(gt, kind, q["evidence_times_s"][0])
+        t = empty_time(gt, kind, q["evidence_times_s"][0])
         assert t is not None and 0 <= t < gt.duration_s
         assert visible_at(gt.zoom, kind, gt.frame_at(q["evidence_times_s"][0]))
         assert not visible_at(gt.zoom, kind, gt.frame_at(t))

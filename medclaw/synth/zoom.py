@@ -191,6 +191,16 @@ def visible_at(zoom: dict, kind: str, frame: int) -> list[str]:
                   if v["kind"] == kind and v["start_frame"] <= frame < v["end_frame"])
 
 
+EMPTY_SHIFTS_S = (-5, 5, -8, 8, -12, 12, -3, 3)    # tried in order from a question's time
+
+
+def empty_time(gt, kind: str, t: float) -> float | None:
+    """The first of t + EMPTY_SHIFTS_S inside the video at which no `kind` visit is on screen:
+    when a crop of a question's spot shows nothing of its kind (None if there is none)."""
+    return next((t + d for d in EMPTY_SHIFTS_S if 0 <= t + d < gt.duration_s
+                 and not visible_at(gt.zoom, kind, gt.frame_at(t + d))), None)
+
+
 # The question kinds that name a moment, and the kind of visit each asks about (and back).
 VISIT_KIND = {"small_object": "small", "look_alike": "look_alike"}
 QUESTION_KIND = {visit: question for question, visit in VISIT_KIND.items()}
