@@ -58,6 +58,7 @@ def clip_scores(model, processor, videos, spec) -> dict:
 
     from medclaw.models import train_tiny as T
     from medclaw.models.train_data import clip_sample
+    from medclaw.synth.truth import spoken
 
     rng = np.random.default_rng(77)
     rows = []
@@ -71,7 +72,7 @@ def clip_scores(model, processor, videos, spec) -> dict:
             sample = clip_sample(video, frames, spec, start, end)
             reply = T.describe(model, processor, sample).strip()
             (said, said_after), (target, target_after) = _read(reply), _read(sample.target)
-            rows.append({"gold": flash["instrument_in_after"]["instrument"].replace("_", " "),
+            rows.append({"gold": spoken(flash["instrument_in_after"]["instrument"]),
                          "said": said_after, "in_target": target_after,
                          "flash_named": said is not None, "flash_in_target": target is not None,
                          "flash_error": None if said is None or target is None else said - target,

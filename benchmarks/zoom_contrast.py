@@ -67,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--minutes must be in (0, 5]")
 
     from medclaw.models.train_data import render
+    from medclaw.synth.truth import spoken
     from medclaw.synth.zoom import SMALL_OBJECTS
 
     with tempfile.TemporaryDirectory(prefix="medclaw-contrast-") as tmp:
         result = contrast(render(tmp, args.seeds, args.minutes))
     json.dump({"seeds": args.seeds, "minutes": args.minutes, "top_share": TOP_SHARE,
-               "small_object_colors": {n.replace("_", " "): c for n, c in SMALL_OBJECTS.items()},
+               "small_object_colors": {spoken(n): c for n, c in SMALL_OBJECTS.items()},
                "contrast": result}, sys.stdout, indent=1)
     print()
     return 0

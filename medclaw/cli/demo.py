@@ -156,11 +156,12 @@ async def _ask(runtime, config, question, video_path, console, timings):
 
 def _summary(trace, result, qa: dict, visit: dict, label: str, timings: dict) -> dict:
     from medclaw.eval.scorers import score_label
+    from medclaw.synth.truth import spoken
     from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
     totals = trace.footer.totals.to_dict() if trace.footer else {}
     names = SMALL_OBJECTS if DEMO_KIND == "small_object" else LOOK_ALIKES
-    choices = [n.replace("_", " ") for n in names]
+    choices = [spoken(n) for n in names]
     times = list(result.evidence_times or [])
     return {
         "label": label,

@@ -37,14 +37,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from medclaw.eval.dataset import EvalRecord, write_dataset
-from medclaw.synth.truth import INSTRUMENTS, PHASES, GroundTruth
+from medclaw.synth.truth import INSTRUMENTS, PHASES, GroundTruth, spoken
 
 DATASET_NAME = "dataset.jsonl"
 INSTRUMENT_NAMES = sorted(INSTRUMENTS)
-
-
-def _label(name: str) -> str:
-    return name.replace("_", " ")
 
 
 def _round(t: float) -> float:
@@ -65,8 +61,8 @@ def _before_after(gt: GroundTruth) -> list[dict]:
         other = relation[side]
         window = sorted((_round(other["time_s"]), _round(relation["time_s"])))
         items.append(dict(type="VTR", subtype="before_after", question=question,
-                          gold=_label(other["instrument"]), gold_value=_label(other["instrument"]),
-                          gold_window_s=window, choices=[_label(n) for n in INSTRUMENT_NAMES]))
+                          gold=spoken(other["instrument"]), gold_value=spoken(other["instrument"]),
+                          gold_window_s=window, choices=[spoken(n) for n in INSTRUMENT_NAMES]))
     return items
 
 
@@ -97,13 +93,13 @@ def _presence(gt: GroundTruth, rng) -> list[dict]:
     for fraction in (float(rng.uniform(0.15, 0.45)), float(rng.uniform(0.55, 0.85))):
         t = round(fraction * gt.duration_s, 1)
         frame = gt.frame_at(t)
-        visible = [_label(n) for n in gt.instruments_at(frame)]
+        visible = [spoken(n) for n in gt.instruments_at(frame)]
         start, end = _stable_span(gt, frame)
         items.append(dict(type="VPR", subtype="presence",
                           question=f"Which instruments are visible at {t:g} s?",
                           gold=", ".join(visible) if visible else "none", gold_value=visible,
                           gold_window_s=[_round(start / gt.fps), _round(end / gt.fps)],
-                          choices=[_label(n) for n in INSTRUMENT_NAMES]))
+                          choices=[spoken(n) for n in INSTRUMENT_NAMES]))
     return items
 
 
@@ -117,14 +113,14 @@ def _phase(gt: GroundTruth, rng) -> list[dict]:
 
 def _phase_content(gt: GroundTruth, rng) -> list[dict]:
     phase = gt.phases[int(rng.integers(len(gt.phases)))]
-    used = sorted(_label(name) for name, spans in gt.presence.items()
+    used = sorted(spoken(name) for name, spans in gt.presence.items()
                   if any(s["start_frame"] < phase["end_frame"] and s["end_frame"] > phase["start_frame"]
                          for s in spans))
     return [dict(type="VPR", subtype="phase_content",
                  question=f"Which instruments are used during the {phase['name']} phase?",
                  gold=", ".join(used) if used else "none", gold_value=used,
                  gold_window_s=[_round(phase["start_s"]), _round(phase["end_s"])],
-                 choices=[_label(n) for n in INSTRUMENT_NAMES])]
+                 choices=[spoken(n) for n in INSTRUMENT_NAMES])]
 
 
 def _with_longer_names(choices: list[str]) -> list[str]:
@@ -134,7 +130,7 @@ def _with_longer_names(choices: list[str]) -> list[str]:
     from medclaw.eval.scorers import names
     from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
-    every = [_label(n) for n in (*INSTRUMENT_NAMES, *SMALL_OBJECTS, *LOOK_ALIKES)]
+    every = [spoken(n) for n in (*INSTRUMENT_NAMES, *SMALL_OBJECTS, *LOOK_ALIKES)]
     return choices + [n for n in every if n not in choices and any(names(n, c) for c in choices)]
 
 
@@ -168,9 +164,9 @@ def _zoom(gt: GroundTruth, whole_seconds: bool = False) -> list[list[dict]]:
     the small-object and look-alike ones asked at a whole second (`at_whole_second`)."""
     from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS, VISIT_KIND
 
-    choices = {"small_object": _with_longer_names([_label(n) for n in SMALL_OBJECTS]),
-               "look_alike": _with_longer_names([_label(n) for n in LOOK_ALIKES]),
-               "short_event": [_label(n) for n in INSTRUMENT_NAMES]}
+    choices = {"small_object": _with_longer_names([spoken(n) for n in SMALL_OBJECTS]),
+               "look_alike": _with_longer_names([spoken(n) for n in LOOK_ALIKES]),
+               "short_event": [spoken(n) for n in INSTRUMENT_NAMES]}
     families: dict[str, list[dict]] = {kind: [] for kind in ZOOM_QUESTIONS}
     for q in (gt.zoom or {}).get("qa", []):
         if whole_seconds and q["kind"] in VISIT_KIND:

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from medclaw.models.train_data import FIELD, NOTHING, QUERY, region_target
+from medclaw.synth.truth import spoken
 from medclaw.synth.zoom import LOOK_ALIKES, SMALL_OBJECTS
 
-NAMES = {"small_object": [n.replace("_", " ") for n in SMALL_OBJECTS],
-         "look_alike": [n.replace("_", " ") for n in LOOK_ALIKES]}
+NAMES = {"small_object": [spoken(n) for n in SMALL_OBJECTS],
+         "look_alike": [spoken(n) for n in LOOK_ALIKES]}
 THOUGHT = {"small_object": "Zoom on the small object spot at that time.",
            "look_alike": "Zoom on the left instrument at that time.",
            "widen": "Nothing clear there: zoom again on a wider region.",

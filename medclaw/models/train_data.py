@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from medclaw.synth.truth import spoken
 from medclaw.synth.zoom import LOOK_ALIKES, QUESTION_KIND, SMALL_OBJECTS, VISIT_KIND, ZoomOptions
 from medclaw.tools.prompts import VIDEO_EXPERT_SYSTEM
 
@@ -85,10 +86,6 @@ class Sample:
                 {"role": "user", "content": [part, {"type": "text", "text": self.prompt}]}]
 
 
-def _label(name: str) -> str:
-    return name.replace("_", " ")
-
-
 def _on(items, frame: int) -> list[dict]:
     return [v for v in items if v["start_frame"] <= frame < v["end_frame"]]
 
@@ -100,9 +97,9 @@ def _flash_on(gt, frame: int) -> bool:
 def frame_target(gt, frame: int) -> str:
     """What the frame verifier should say about a whole frame."""
     visits = _on(gt.zoom.get("visits", []), frame)
-    small = [_label(v["name"]) for v in visits if v["kind"] == "small"]
-    left = [_label(v["name"]) for v in visits if v["kind"] == "look_alike"]
-    instruments = [_label(n) for n in gt.instruments_at(frame)]
+    small = [spoken(v["name"]) for v in visits if v["kind"] == "small"]
+    left = [spoken(v["name"]) for v in visits if v["kind"] == "look_alike"]
+    instruments = [spoken(n) for n in gt.instruments_at(frame)]
     return "\n".join([
         f"phase: {gt.phase_at(frame)}",
         f"instruments: {', '.join(instruments) or 'none'}",
@@ -122,7 +119,7 @@ def region_target(gt, frame: int, region) -> str:
     lines = []
     for v in _on(gt.zoom.get("visits", []), frame):
         if _centre_in(v["box"], region):
-            lines.append(f"{FIELD[QUESTION_KIND[v['kind']]]}: {_label(v['name'])}")
+            lines.append(f"{FIELD[QUESTION_KIND[v['kind']]]}: {spoken(v['name'])}")
     for f in gt.zoom.get("flashes", []):
         if f["frame"] <= frame < f["end_frame"] and _centre_in(f["box"], region):
             lines.append("flash: yes")
@@ -230,7 +227,7 @@ def oneshot_sample(video, frames, spec, kind: str, t: float) -> Sample:
     gt = video.gt
     info, plan, clip = planned_clip(video, frames, spec, oneshot.MAX_TOKENS)
     names = visible_at(gt.zoom, VISIT_KIND[kind], gt.frame_at(t))
-    answer = _label(names[0]) if names else "none"
+    answer = spoken(names[0]) if names else "none"
     question = zoom_question(kind, t)
     window = Window(max(0.0, t - ZOOM_WINDOW_S), t + ZOOM_WINDOW_S)     # the gold window
     return Sample(VIDEO_EXPERT_SYSTEM,
@@ -278,7 +275,7 @@ def clip_target(gt, times) -> str:
         lines.append(f"{span(seen[0], seen[-1])} cautery flash")
         after = next(((k, name) for k, name in arrivals if k > seen[-1]), None)
         if after is not None:
-            lines.append(f"{span(after[0] - 1, after[0])} {_label(after[1])} brought in")
+            lines.append(f"{span(after[0] - 1, after[0])} {spoken(after[1])} brought in")
     return "\n".join(lines) or NOTHING
 
 
@@ -434,7 +431,7 @@ def corpus(clips: bool = False) -> list[str]:
         texts.append(prompts.frame_prompt(t, int(t * FPS), QUERIES[k % len(QUERIES)]))
         texts.append(prompts.region_prompt(t, int(t * FPS), (0.61, 0.39, 0.71, 0.57),
                                            QUERIES[k % len(QUERIES)]))
-    names = [_label(n) for n in [*INSTRUMENTS, *SMALL_OBJECTS, *LOOK_ALIKES]]
+    names = [spoken(n) for n in [*INSTRUMENTS, *SMALL_OBJECTS, *LOOK_ALIKES]]
     texts += [f"phase: {p}" for p in PHASES]
     texts += [f"instruments: {n}" for n in names] + [f"small object: {n}" for n in names]
     texts += [f"left instrument: {n}" for n in names] + ["flash: yes", "flash: no", "none"]

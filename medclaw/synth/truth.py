@@ -54,6 +54,12 @@ MAX_CLIPS, MAX_SUTURES = 4, 6
 MIN_SECONDS = 12.0                 # shorter videos leave phases too short for their events
 
 
+def spoken(name: str) -> str:
+    """A ground-truth name as questions, answers and model targets write it: "clip_applier" ->
+    "clip applier"."""
+    return name.replace("_", " ")
+
+
 @dataclass(slots=True)
 class GroundTruth:
     """What happens in the synthetic video, frame-exact. See the module docstring for fields."""

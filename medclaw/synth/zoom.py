@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from medclaw.synth.truth import spoken
+
 # name -> RGB. Far from every scene tone and from the base instruments' colours.
 SMALL_OBJECTS: dict[str, tuple[int, int, int]] = {
     "needle": (255, 255, 255),
@@ -210,7 +212,7 @@ def zoom_question(kind: str, t: float) -> str:
     """The question about the `kind` visit ("small_object" | "look_alike") on screen at `t`."""
     if kind == "small_object":
         return (f"Which small object lies in the field at {t:g} s: "
-                + ", ".join(n.replace("_", " ") for n in SMALL_OBJECTS) + "?")
+                + ", ".join(spoken(n) for n in SMALL_OBJECTS) + "?")
     return (f"At {t:g} s, is the instrument on the left the dissector or the bipolar (the one "
             f"with {MARK_WORDS[MARK_PATTERN]} at its tip)?")
 
@@ -229,14 +231,14 @@ def _zoom_qa(zoom: dict, rng) -> list[dict]:
         # a time well inside the visit, on a frame boundary
         t = round(v["start_s"] + (0.3 + 0.4 * float(rng.uniform())) * (v["end_s"] - v["start_s"]), 1)
         kind = QUESTION_KIND[v["kind"]]
-        qa(kind, zoom_question(kind, t), v["name"].replace("_", " "), [t], v["box"])
+        qa(kind, zoom_question(kind, t), spoken(v["name"]), [t], v["box"])
     for k, flash in enumerate(zoom["flashes"]):
         after = flash["instrument_in_after"]
         if after is None:
             continue
         nth = ("first", "second", "third")[k] if k < 3 else f"#{k + 1}"
         qa("short_event", f"Which instrument was brought in just after the {nth} cautery flash?",
-           after["instrument"].replace("_", " "), [flash["time_s"], after["time_s"]])
+           spoken(after["instrument"]), [flash["time_s"], after["time_s"]])
     return items
 
 
