@@ -23,6 +23,14 @@ import pytest
 os.environ["MEDCLAW_HOME"] = tempfile.mkdtemp(prefix="medclaw-test-home-")
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
+# vLLM's CPU build binds each engine's model worker to the first core ("auto"), keeping the next
+# for its scheduler: every engine of both xdist workers (and of the servers and CLI runs they
+# start) then computes on that one core. Each xdist worker's engines get a core of their own
+# instead (`benchmarks/engine_binding.py` measures the difference). One process: vLLM's default.
+if (_worker := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
+    _cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_cores[int(_worker[2:]) % len(_cores)]))
+
 # Every test runs behind the air-gap guard (medclaw/airgap.py): this process and every Python
 # process it starts (vLLM engine processes, CLI subprocesses) refuse non-loopback connections and
 # log them here; `_air_gap_holds` fails the test during which one was logged.
