@@ -16,6 +16,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import psutil
 import pytest
 
 from medclaw.engine.backends.base import render_prompt
@@ -339,6 +340,14 @@ def test_name_tokens_make_an_answer_copy_the_token_it_read(cases, root, tmp_path
     assert "Ġbipolar" in seen and "Ġbipolar" not in said
 
 
+def _alive(process) -> bool:
+    """Running and not a zombie (a killed process its parent has not reaped yet)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     """Two episodes (one per kind) learnt by heart, replayed by vLLM with constrained decoding."""
     from medclaw.engine.backends.vllm_local import VLLMBackend
@@ -350,11 +359,18 @@ def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
                    progress=False, rng=np.random.default_rng(0))
     assert report["loss_last"] < 0.02 < report["loss_first"]
 
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     backend = VLLMBackend(replace(tiny_llm_spec, name="trained-orchestrator", path=str(folder)))
+    engine_processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
+                        and "resource_tracker" not in " ".join(p.cmdline())]   # multiprocessing's, kept
     try:
         replayed = _play(chosen, root, student=backend)
     finally:
         backend.shutdown()
+    # shut down after vllm_local.CPU_SHUTDOWN_GRACE_S: its engine core and model worker are killed,
+    # none left running on its own (a kill takes effect a moment later)
+    _, left = psutil.wait_procs(engine_processes, timeout=10)
+    assert len(engine_processes) == 2 and not [p for p in left if _alive(p)]
     specs = default_registry().specs()
     for ep in replayed:
         assert ep.status == "answered", ep.replies
