@@ -24,8 +24,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from statistics import median
+
+from medclaw.bench import print_result
 
 REQUESTS, TOKENS = 24, 256
 
@@ -120,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_ratio_core_each_to_auto": medians["core_each"]["wall_s"] / medians["auto"]["wall_s"],
         "wall_s": time.time() - began,
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 

@@ -21,8 +21,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from statistics import median
+
+from medclaw.bench import print_result
 
 SETTINGS = {
     # name: (engine arguments over the profile's, environment)
@@ -95,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "same_greedy_reply": len({r["reply"] for rows in runs.values() for r in rows}) == 1,
         "wall_s": time.time() - began,
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 

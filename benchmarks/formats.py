@@ -12,7 +12,6 @@ everywhere; the raw counts are what its pts check protects against.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 
@@ -23,6 +22,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--folder", default=None, help="where to build the videos (default: temp)")
     args = parser.parse_args(argv)
 
+    from medclaw.bench import print_result
     from medclaw.bench.decode import check_all
     from medclaw.kernels.probe import probe_video
     from medclaw.synth.formats import FORMATS, make_format, missing_encoder
@@ -39,11 +39,7 @@ def main(argv: list[str]) -> int:
         result[name] = {"num_frames": info.num_frames, "codec": info.codec,
                         **check_all(str(path), info, ("sparse", "coarse"))}
         print(f"{name}: {result[name]['sparse']['wrong_frames']}", file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 
