@@ -66,8 +66,8 @@ START_TIMEOUT_S = 1800.0
 SHUTDOWN_TIMEOUT_S = 60.0
 # vLLM 0.32's CPU model worker does not exit after its shutdown request (it logs "exiting" and
 # stays), so its engine core waits on it until vLLM kills both after a 5 s grace: 5 s at every
-# engine shutdown. The engine core itself has left its loop within 0.1 s by then; on CPU we kill
-# after this grace instead. GPU engines keep vLLM's default.
+# engine shutdown. The engine core leaves its loop at once (the same second of its log); on CPU
+# both are killed after this grace instead. GPU engines keep vLLM's default.
 CPU_SHUTDOWN_GRACE_S = 1.0
 
 
