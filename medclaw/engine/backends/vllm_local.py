@@ -130,8 +130,7 @@ class VLLMBackend(Backend):
         self.model_revision = revision_hash(spec.path)
         self._engine = None
         self._closed = False
-        self._per_request_seed = True
-        self._on_cpu = False
+        self._on_cpu = False           # set at start: CPU engines seed per engine, shut down sooner
         self.block_size = 0            # KV block size the engine runs with (prefix-cache granularity)
         self.prefix_caching = None     # whether the engine runs with prefix caching (vLLM's report)
         self.quantization = None       # the method vLLM reports after loading (None: full precision)
@@ -156,12 +155,7 @@ class VLLMBackend(Backend):
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        on_cpu = current_platform.is_cpu()
-        # vLLM 0.32 CPU: a seeded request whose prefill gets chunked (many requests in flight)
-        # kills the engine ("CPU Generator does not use offset"). On CPU, sampling is seeded once
-        # per engine (`seed=0`) instead of per request.
-        self._per_request_seed = not on_cpu
-        self._on_cpu = on_cpu
+        on_cpu = self._on_cpu = current_platform.is_cpu()
         kwargs = engine_kwargs(self.spec, on_cpu=on_cpu)
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(
             backend="xgrammar", disable_any_whitespace=True)
@@ -229,7 +223,10 @@ class VLLMBackend(Backend):
 
         structured = (StructuredOutputsParams(json=request.json_schema)
                       if request.json_schema is not None else None)
-        seed = request.seed if self._per_request_seed and request.temperature > 0 else None
+        # vLLM 0.32 CPU: a seeded request whose prefill gets chunked (many requests in flight)
+        # kills the engine ("CPU Generator does not use offset"). On CPU, sampling is seeded once
+        # per engine (`seed=0`) instead of per request.
+        seed = request.seed if not self._on_cpu and request.temperature > 0 else None
         return SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
                               seed=seed, structured_outputs=structured)
 
