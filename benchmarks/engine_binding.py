@@ -61,11 +61,10 @@ if __name__ == "__main__":
 
 
 def binding(setting: str, k: int) -> dict:
-    """The environment of engine `k` under `setting`."""
-    if setting == "auto":
-        return {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    cores = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[k % len(cores)])}
+    """The environment of engine `k` under `setting` ("core_each": the test suite's choice)."""
+    from medclaw.engine.backends.vllm_local import own_core_binding
+
+    return {"VLLM_CPU_OMP_THREADS_BIND": "auto" if setting == "auto" else own_core_binding(k)}
 
 
 def one_pair(profile: str, role: str, setting: str) -> dict:

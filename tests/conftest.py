@@ -28,8 +28,9 @@ os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 # start) then computes on that one core. Each xdist worker's engines get a core of their own
 # instead (`benchmarks/engine_binding.py` measures the difference). One process: vLLM's default.
 if (_worker := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
-    _cores = sorted(os.sched_getaffinity(0))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_cores[int(_worker[2:]) % len(_cores)]))
+    from medclaw.engine.backends.vllm_local import own_core_binding
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own_core_binding(int(_worker[2:])))
 
 # Every test runs behind the air-gap guard (medclaw/airgap.py): this process and every Python
 # process it starts (vLLM engine processes, CLI subprocesses) refuse non-loopback connections and

@@ -71,6 +71,15 @@ SHUTDOWN_TIMEOUT_S = 60.0
 CPU_SHUTDOWN_GRACE_S = 1.0
 
 
+def own_core_binding(index: int) -> str:
+    """The `VLLM_CPU_OMP_THREADS_BIND` value that puts the `index`-th of several CPU engines
+    running at once on a core of its own (the cores this process may use, in order, wrapping
+    round). vLLM's own choice ("auto") binds every engine's model worker to the same first core
+    (benchmarks/engine_binding.py); the test suite gives each of its workers one of these."""
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[index % len(cores)])
+
+
 def cpu_kv_cache_bytes(spec: ModelSpec) -> int:
     """The KV cache a CPU engine of `spec` gets: CPU_KV_SEQUENCES full-length sequences of its
     architecture (read from the model folder), in 16-bit K and V."""
