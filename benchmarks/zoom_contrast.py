@@ -6,8 +6,8 @@ For each small-object and look-alike question of the videos of `--seeds` (defaul
 `train_tiny.EVAL_SEEDS`), the region of its box as `crop_video_frame` sends it (the profile's
 sizes, `train_data.view`) at the question's time, and the same region at the time
 `synth.zoom.empty_time` picks (as `tiny_vlm_confusion.py` does), when nothing of its kind is
-on screen. Their distance over the object's pixels (the 5 % of the region's pixels that differ most) in RGB and in luma
-(BT.601 weights), per gold answer, as JSON on stdout. No model: it says which object a VLM has
+on screen. Their distance over the object's pixels (the 5 % of the region's pixels that differ
+most) in RGB and in luma (BT.601 weights), per gold answer, as JSON on stdout. No model: it says which object a VLM has
 the least to tell from an empty spot with (`synth.zoom.SMALL_OBJECTS` colours), in seconds.
 """
 from __future__ import annotations
