@@ -62,7 +62,7 @@ if __name__ == "__main__":
 
 def binding(setting: str, k: int) -> dict:
     """The environment of engine `k` under `setting` ("core_each": the test suite's choice)."""
-    from medclaw.engine.backends.vllm_local import own_core_binding
+    from medclaw.engine.backends.cpu_binding import own_core_binding
 
     return {"VLLM_CPU_OMP_THREADS_BIND": "auto" if setting == "auto" else own_core_binding(k)}
 

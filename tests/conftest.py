@@ -28,7 +28,7 @@ os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 # start) then computes on that one core. Each xdist worker's engines get a core of their own
 # instead (`benchmarks/engine_binding.py` measures the difference). One process: vLLM's default.
 if (_worker := os.environ.get("PYTEST_XDIST_WORKER", "")).startswith("gw"):
-    from medclaw.engine.backends.vllm_local import own_core_binding
+    from medclaw.engine.backends.cpu_binding import own_core_binding
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own_core_binding(int(_worker[2:])))
 

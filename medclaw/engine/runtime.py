@@ -9,9 +9,12 @@
   same local folder (and endpoints) share it. On the tiny-cpu profile that is one VLM engine for
   video_expert + frame_verifier and one LLM engine for orchestrator + judge. The first role's
   spec configures the shared engine.
-- `start()` builds every configured role's engine, one at a time (engines compete for the same
-  cores), then loads the knowledge base's encoder and the frame source and tool table, and
-  fingerprints the models for trace headers — all off the event loop. `run_episode` calls it
+- `start()` builds every configured role's engine, then loads the knowledge base's encoder and the frame source and tool table, and
+  fingerprints the models for trace headers — all off the event loop. vLLM engines on its CPU
+  build start together, each on a share of the cores (`cpu_binding.core_shares`; a binding set in
+  `VLLM_CPU_OMP_THREADS_BIND` is left to every engine): their starts are mostly single-threaded
+  imports, so one at a time would leave cores idle (`benchmarks/runtime_start.py`). Other engines
+  start one at a time: GPU engines size their KV cache from the memory free as they start. `run_episode` calls it
   before the episode's clock starts, so budgets time the episode only; the CLI calls it first
   to show one progress line per engine (`on_engine(EngineReady)`).
 - An engine build is never abandoned half-way and never started twice: each build runs to the
@@ -52,17 +55,22 @@ class EngineReady:
     kind: str                      # backend kind ("vllm", "remote", …) or "encoder"
     roles: list[str]
     seconds: float                 # time this start call spent on it
+    cores: list[int] | None = None  # vLLM CPU engines: the cores its model worker is bound to
 
     def line(self) -> str:
+        on_cores = f", on CPU cores {','.join(map(str, self.cores))}" if self.cores else ""
         return (f"engine {self.name} ({self.kind}) for {', '.join(self.roles)}: "
-                f"ready in {self.seconds:.1f} s")
+                f"ready in {self.seconds:.1f} s{on_cores}")
+
 
 
 class Runtime:
     def __init__(self, specs: dict[str, Any], *, backends: dict[str, Any] | None = None,
                  frames: Any = None, knowledge_base: Any = None, skills: Any = None,
-                 registry: Any = None, frame_source_kwargs: dict | None = None):
+                 registry: Any = None, frame_source_kwargs: dict | None = None,
+                 start_together: bool = True):
         self.specs = dict(specs)
+        self.start_together = start_together      # False: vLLM CPU engines start one at a time too
         self.knowledge_base = knowledge_base
         self.skills = skills
         self._registry = registry
@@ -93,18 +101,19 @@ class Runtime:
         return self.specs[role]
 
     @staticmethod
-    def _construct(spec):
+    def _construct(spec, **options):
         from medclaw.engine.backends import backend_class
 
-        return backend_class(spec.backend)(spec)
+        return backend_class(spec.backend)(spec, **options)
 
     def _check_open(self) -> None:
         if self.closed:
             raise EngineLostError("the runtime is closed: its engines have been shut down")
 
-    def _build(self, role: str) -> concurrent.futures.Future:
+    def _build(self, role: str, **options) -> concurrent.futures.Future:
         """The build of `role`'s engine: begun once per share key, in a thread of its own, and run
-        to the end whoever waits for it. A failed build is forgotten, so a later call retries."""
+        to the end whoever waits for it. A failed build is forgotten, so a later call retries.
+        `options` go to the backend's constructor when this call begins the build."""
         spec = self._spec_for(role)
         key = self.share_key(spec)
         with self._guard:
@@ -113,13 +122,13 @@ class Runtime:
                 future = concurrent.futures.Future()
                 future.set_running_or_notify_cancel()     # from here on no waiter can cancel it
                 self._builds[key] = future
-                threading.Thread(target=self._run_build, args=(future, key, spec), daemon=True,
+                threading.Thread(target=self._run_build, args=(future, key, spec, options), daemon=True,
                                  name=f"medclaw-build-{spec.name}").start()
         return future
 
-    def _run_build(self, future: concurrent.futures.Future, key: tuple, spec) -> None:
+    def _run_build(self, future: concurrent.futures.Future, key: tuple, spec, options: dict) -> None:
         try:
-            backend = self._construct(spec)
+            backend = self._construct(spec, **options)
         except BaseException as err:         # handed to every waiter
             with self._guard:
                 del self._builds[key]
@@ -194,17 +203,22 @@ class Runtime:
             elif role in self.specs:
                 groups.setdefault(self.share_key(self.specs[role]), []).append(role)
         ready = []
-        for group in groups.values():
-            if all(self._is_ready(role) for role in group):
-                continue
-            started = time.perf_counter()
+        pending = [group for group in groups.values() if not all(self._is_ready(r) for r in group)]
+        began = time.perf_counter()
+        bindings = await self._together(pending)
+        if bindings is not None:
+            for group, binding in zip(pending, bindings):
+                self._build(group[0], **({"cpu_binding": binding} if binding else {}))
+        for group in pending:
+            started = began if bindings is not None else time.perf_counter()
             for role in group:
                 backend = await self.get_backend(role)
             spec = self.specs.get(group[0])
             ready.append(EngineReady(
                 name=getattr(spec, "name", None) or getattr(backend, "model_name", group[0]),
                 kind=getattr(spec, "backend", None) or type(backend).__name__,
-                roles=group, seconds=time.perf_counter() - started))
+                roles=group, seconds=time.perf_counter() - started,
+                cores=getattr(backend, "worker_cores", None)))
             if on_engine is not None:
                 on_engine(ready[-1])
         warm = getattr(self.knowledge_base, "warm", None)
@@ -222,6 +236,22 @@ class Runtime:
         # (imports the decoders), the tool table (jsonschema) and the model fingerprints
         await asyncio.to_thread(self._prepare)
         return ready
+
+    async def _together(self, groups: list[list[str]]) -> list[str | None] | None:
+        """Per engine group, the CPU binding to build it with (None: the environment's) when
+        these groups' engines may start together; None when they start one at a time."""
+        if not self.start_together or len(groups) < 2:
+            return None
+        if any(getattr(self.specs.get(group[0]), "backend", None) != "vllm" for group in groups):
+            return None
+        from medclaw.engine.backends import cpu_binding
+        from medclaw.engine.backends.vllm_local import import_engine
+
+        if not await asyncio.to_thread(import_engine):     # seconds: off the event loop
+            return None
+        if os.environ.get(cpu_binding.BIND_VARIABLE):
+            return [None] * len(groups)
+        return cpu_binding.core_shares(len(groups))
 
     def _prepare(self) -> None:
         _ = self.frames              # FrameSource: imports the decoders

@@ -7,11 +7,14 @@ fake) on random-weight labelling."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
 from medclaw import cli
 from medclaw.cli.demo import DEMO_KIND, RANDOM_WEIGHTS_LABEL, TRAINED_LABEL
+from medclaw.engine.backends.cpu_binding import BIND_VARIABLE
 from medclaw.engine.backends.fake import ScriptedBackend
 
 LOAD = json.dumps({"thought": "", "tool": "load_skill", "args": {"name": "directed-relook"}})
@@ -75,9 +78,19 @@ def test_make_demo_is_right_with_its_evidence(tmp_path, capsys):
 
     out_dir = tmp_path / "demo"
     command = Path(sys.executable).with_name("medclaw")           # the venv's, as `make demo`
+    # without the suite's core binding (tests/conftest.py), as a user's shell has none; wide, so
+    # that the progress lines are not wrapped
+    env = {k: v for k, v in os.environ.items() if k != BIND_VARIABLE} | {"COLUMNS": "300"}
     run = subprocess.run([str(command), "demo", "--out-dir", str(out_dir), "--json"],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
+    # its two engines started together, each computing on its own share of the cores (read from
+    # the worker processes: cpu_binding.core_shares)
+    cores = [{int(c) for c in m.split(",")}
+             for m in re.findall(r"ready in [\d.]+ s, on CPU cores ([\d,]+)", run.stderr)]
+    assert len(cores) == 2, run.stderr[-3000:]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not cores[0] & cores[1], cores
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert "TRAINED MINIATURE" in run.stderr and summary["label"] == TRAINED_LABEL
     gt = json.loads((out_dir / "demo-procedure.json").read_text())

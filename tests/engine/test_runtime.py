@@ -315,3 +315,85 @@ def test_budget_warns_then_exhausts_on_each_dimension():
     assert budget.exhausted() == "wall time budget spent"
     one = Budget(config=EpisodeConfig(max_steps=1), ctx=ctx)      # one call: the answer itself
     assert one.exhausted() == "steps budget spent"
+
+
+class _Starts:
+    """Records how many engine builds run at once, and the options each was built with."""
+
+    def __init__(self, meet: int = 0):
+        import threading
+
+        self.lock, self.running, self.most, self.options = threading.Lock(), 0, 0, {}
+        self.meeting = threading.Barrier(meet, timeout=10) if meet else None
+
+    def construct(self, spec, **options):
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.options[spec.name] = options
+        if self.meeting is not None:
+            self.meeting.wait()          # both builds under way at once, else BrokenBarrierError
+        time.sleep(0.05)
+        with self.lock:
+            self.running -= 1
+        return _Built(spec)
+
+
+def _vllm_specs(tmp_path):
+    return {role: ModelSpec(name=spec.name, path=spec.path, backend="vllm")
+            for role, spec in _specs(tmp_path).items()}
+
+
+@pytest.fixture
+def cpu_vllm(monkeypatch):
+    """vLLM's CPU build, on a machine whose process may use cores 0-3; no binding set."""
+    from medclaw.engine.backends import cpu_binding, vllm_local
+
+    monkeypatch.setattr(vllm_local, "import_engine", lambda: True)
+    monkeypatch.setattr(cpu_binding, "allowed_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.delenv(cpu_binding.BIND_VARIABLE, raising=False)
+    return monkeypatch
+
+
+async def test_cpu_vllm_engines_start_together_each_on_its_share_of_the_cores(tmp_path, cpu_vllm):
+    starts = _Starts(meet=2)
+    cpu_vllm.setattr(Runtime, "_construct", staticmethod(starts.construct))
+    runtime = Runtime(_vllm_specs(tmp_path))
+    ready = await runtime.start()
+    assert starts.most == 2
+    assert starts.options == {"tiny-llm": {"cpu_binding": "0,1"}, "tiny-vlm": {"cpu_binding": "2,3"}}
+    assert [(r.name, r.roles) for r in ready] == [("tiny-llm", ["orchestrator"]),
+                                                  ("tiny-vlm", ["video_expert", "frame_verifier"])]
+    await runtime.close()
+
+
+async def test_a_binding_the_user_set_is_left_to_every_engine(tmp_path, cpu_vllm):
+    from medclaw.engine.backends.cpu_binding import BIND_VARIABLE
+
+    cpu_vllm.setenv(BIND_VARIABLE, "2-3")
+    starts = _Starts(meet=2)
+    cpu_vllm.setattr(Runtime, "_construct", staticmethod(starts.construct))
+    runtime = Runtime(_vllm_specs(tmp_path))
+    await runtime.start()
+    assert starts.most == 2 and starts.options == {"tiny-llm": {}, "tiny-vlm": {}}
+    await runtime.close()
+
+
+@pytest.mark.parametrize("case", ["asked one at a time", "GPU build", "one engine"])
+async def test_engines_start_one_at_a_time_otherwise(tmp_path, cpu_vllm, case):
+    from medclaw.engine.backends import vllm_local
+
+    starts = _Starts()
+    cpu_vllm.setattr(Runtime, "_construct", staticmethod(starts.construct))
+    specs = _vllm_specs(tmp_path)
+    if case == "GPU build":
+        cpu_vllm.setattr(vllm_local, "import_engine", lambda: False)
+    if case == "one engine":
+        specs["video_expert"] = specs["frame_verifier"] = specs["orchestrator"]
+    runtime = Runtime(specs, start_together=case != "asked one at a time")
+    ready = await runtime.start()
+    assert starts.most == 1 and all(options == {} for options in starts.options.values())
+    assert len(ready) == (1 if case == "one engine" else 2)
+    await runtime.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import threading
 import time
@@ -39,6 +40,9 @@ from pathlib import Path
 from medclaw.engine.backends.base import (
     Backend, PromptPlan, RequestRejectedError, check_prompt_tokens, is_multimodal, load_chat_tokenizer,
     media_in_order, render_prompt, set_offline_env, video_metadata,
+)
+from medclaw.engine.backends.cpu_binding import (
+    BIND_VARIABLE, bound_as_asked, construct_with_env, worker_cores,
 )
 from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError, EngineLostError, RunFailedError, first_line
@@ -71,13 +75,15 @@ SHUTDOWN_TIMEOUT_S = 60.0
 CPU_SHUTDOWN_GRACE_S = 1.0
 
 
-def own_core_binding(index: int) -> str:
-    """The `VLLM_CPU_OMP_THREADS_BIND` value that puts the `index`-th of several CPU engines
-    running at once on a core of its own (the cores this process may use, in order, wrapping
-    round). vLLM's own choice ("auto") binds every engine's model worker to the same first core
-    (benchmarks/engine_binding.py); the test suite gives each of its workers one of these."""
-    cores = sorted(os.sched_getaffinity(0))
-    return str(cores[index % len(cores)])
+def import_engine() -> bool:
+    """Import what an engine build imports (torch, transformers, vLLM: seconds) and say whether
+    this vLLM is its CPU build. Builds in parallel threads call this first: transformers' lazy
+    imports are not thread-safe (two at once: "cannot import name 'AutoTokenizer'")."""
+    from transformers import AutoTokenizer  # noqa: F401
+    from vllm.platforms import current_platform
+    from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
+
+    return current_platform.is_cpu()
 
 
 def cpu_kv_cache_bytes(spec: ModelSpec) -> int:
@@ -122,7 +128,10 @@ class VLLMBackend(Backend):
     supports_json_schema = True
     supports_media = True
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, *, cpu_binding: str | None = None):
+        """Start `spec`'s engine (blocking). `cpu_binding`: on vLLM's CPU build, the cores its model
+        worker computes on (a `VLLM_CPU_OMP_THREADS_BIND` value; `cpu_binding.core_shares`);
+        None leaves the environment's setting, else vLLM's own choice."""
         if not (Path(spec.path) / "config.json").is_file():
             raise ConfigError(f"model {spec.name!r}: no config.json in {spec.path}")
         from medclaw.models.store import revision_hash
@@ -143,6 +152,8 @@ class VLLMBackend(Backend):
         self.block_size = 0            # KV block size the engine runs with (prefix-cache granularity)
         self.prefix_caching = None     # whether the engine runs with prefix caching (vLLM's report)
         self.quantization = None       # the method vLLM reports after loading (None: full precision)
+        self.cpu_binding = cpu_binding
+        self.worker_cores: list[int] | None = None   # CPU engines: read from the worker process
         self._tokenizer = load_chat_tokenizer(spec.path)
         self._plan = PromptPlan(self._tokenizer, spec.name)
         self._loop = asyncio.new_event_loop()
@@ -172,8 +183,12 @@ class VLLMBackend(Backend):
             args = AsyncEngineArgs(**kwargs)
         except TypeError as err:
             raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
+        env = {BIND_VARIABLE: self.cpu_binding} if on_cpu and self.cpu_binding else {}
         try:
-            self._engine = AsyncLLM.from_engine_args(args)
+            # every CPU engine spawns through construct_with_env, one at a time, so that engines
+            # built in parallel threads each start with their own binding
+            self._engine, core_pid = (construct_with_env(lambda: AsyncLLM.from_engine_args(args), env)
+                                      if on_cpu else (AsyncLLM.from_engine_args(args), None))
         except RuntimeError as err:
             # vLLM's engine process has already logged the root cause above (e.g. too little
             # memory for the KV cache it was asked for); one line here instead of its traceback.
@@ -184,6 +199,12 @@ class VLLMBackend(Backend):
         # what vLLM really loaded: a quantisation asked for and not applied is an error
         self.quantization = self._engine.vllm_config.model_config.quantization
         check_vllm_loaded(self.spec, self.quantization)
+        self.worker_cores = worker_cores(core_pid)
+        if not bound_as_asked(self.cpu_binding, self.worker_cores):
+            # slower, not wrong: every answer stands; say so rather than trust the binding
+            logging.getLogger(__name__).warning(
+                "model %r: asked for CPU cores %s, its vLLM worker computes on %s",
+                self.spec.name, self.cpu_binding, self.worker_cores)
 
     async def _run(self, prompt: dict, params, request_id: str):
         """(final RequestOutput, perf_counter time of the first output holding a token or None).
