@@ -9,14 +9,15 @@
   same local folder (and endpoints) share it. On the tiny-cpu profile that is one VLM engine for
   video_expert + frame_verifier and one LLM engine for orchestrator + judge. The first role's
   spec configures the shared engine.
-- `start()` builds every configured role's engine, then loads the knowledge base's encoder and the frame source and tool table, and
-  fingerprints the models for trace headers — all off the event loop. vLLM engines on its CPU
-  build start together, each on a share of the cores (`cpu_binding.core_shares`; a binding set in
-  `VLLM_CPU_OMP_THREADS_BIND` is left to every engine): their starts are mostly single-threaded
-  imports, so one at a time would leave cores idle (`benchmarks/runtime_start.py`). Other engines
-  start one at a time: GPU engines size their KV cache from the memory free as they start. `run_episode` calls it
-  before the episode's clock starts, so budgets time the episode only; the CLI calls it first
-  to show one progress line per engine (`on_engine(EngineReady)`).
+- `start()` builds every configured role's engine, then loads the knowledge base's encoder and
+  the frame source and tool table, and fingerprints the models for trace headers — all off the
+  event loop. vLLM engines on its CPU build start together, each on a share of the cores
+  (`cpu_binding.core_shares`; a binding set in `VLLM_CPU_OMP_THREADS_BIND` is left to every
+  engine): their starts are mostly single-threaded imports, so one at a time would leave cores
+  idle (`benchmarks/runtime_start.py`). Other engines start one at a time: a GPU engine sizes its
+  KV cache from the memory free as it starts. `run_episode` calls `start()` before the
+  episode's clock starts, so budgets time the episode only; the CLI calls it first to show one
+  progress line per engine (`on_engine(EngineReady)`).
 - An engine build is never abandoned half-way and never started twice: each build runs to the
   end in its own thread, once per shared key, whoever asked for it. A caller that stops waiting
   (a cancelled episode, an expired budget) leaves it running; the next caller gets that engine.
@@ -122,11 +123,12 @@ class Runtime:
                 future = concurrent.futures.Future()
                 future.set_running_or_notify_cancel()     # from here on no waiter can cancel it
                 self._builds[key] = future
-                threading.Thread(target=self._run_build, args=(future, key, spec, options), daemon=True,
-                                 name=f"medclaw-build-{spec.name}").start()
+                threading.Thread(target=self._run_build, args=(future, key, spec, options),
+                                 daemon=True, name=f"medclaw-build-{spec.name}").start()
         return future
 
-    def _run_build(self, future: concurrent.futures.Future, key: tuple, spec, options: dict) -> None:
+    def _run_build(self, future: concurrent.futures.Future, key: tuple, spec,
+                   options: dict) -> None:
         try:
             backend = self._construct(spec, **options)
         except BaseException as err:         # handed to every waiter

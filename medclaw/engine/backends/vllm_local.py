@@ -183,12 +183,15 @@ class VLLMBackend(Backend):
             args = AsyncEngineArgs(**kwargs)
         except TypeError as err:
             raise ConfigError(f"model {self.spec.name!r}: bad engine argument in extra: {err}") from None
-        env = {BIND_VARIABLE: self.cpu_binding} if on_cpu and self.cpu_binding else {}
+        construct = lambda: AsyncLLM.from_engine_args(args)      # noqa: E731
         try:
-            # every CPU engine spawns through construct_with_env, one at a time, so that engines
-            # built in parallel threads each start with their own binding
-            self._engine, core_pid = (construct_with_env(lambda: AsyncLLM.from_engine_args(args), env)
-                                      if on_cpu else (AsyncLLM.from_engine_args(args), None))
+            if on_cpu:
+                # every CPU engine spawns through construct_with_env, one at a time, so that
+                # engines built in parallel threads each start with their own binding
+                env = {BIND_VARIABLE: self.cpu_binding} if self.cpu_binding else {}
+                self._engine, core_pid = construct_with_env(construct, env)
+            else:
+                self._engine, core_pid = construct(), None
         except RuntimeError as err:
             # vLLM's engine process has already logged the root cause above (e.g. too little
             # memory for the KV cache it was asked for); one line here instead of its traceback.
