@@ -244,7 +244,8 @@ class Runtime:
         these groups' engines may start together; None when they start one at a time."""
         if not self.start_together or len(groups) < 2:
             return None
-        if any(getattr(self.specs.get(group[0]), "backend", None) != "vllm" for group in groups):
+        if any(group[0] in self._by_role                  # given, or built: nothing to build
+               or getattr(self.specs.get(group[0]), "backend", None) != "vllm" for group in groups):
             return None
         from medclaw.engine.backends import cpu_binding
         from medclaw.engine.backends.vllm_local import import_engine

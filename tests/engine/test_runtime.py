@@ -397,3 +397,13 @@ async def test_engines_start_one_at_a_time_otherwise(tmp_path, cpu_vllm, case):
     assert starts.most == 1 and all(options == {} for options in starts.options.values())
     assert len(ready) == (1 if case == "one engine" else 2)
     await runtime.close()
+
+
+async def test_a_given_backend_is_never_built_again_to_start_together(tmp_path, cpu_vllm):
+    starts = _Starts()
+    cpu_vllm.setattr(Runtime, "_construct", staticmethod(starts.construct))
+    given = _Built(ModelSpec(name="given", path=str(tmp_path), backend="vllm"))   # start() pending
+    runtime = Runtime(_vllm_specs(tmp_path), backends={"orchestrator": given})
+    await runtime.start()
+    assert list(starts.options) == ["tiny-vlm"] and given.starts == 1
+    await runtime.close()
