@@ -18,7 +18,6 @@ and the pair's wall time; the medians and the ratio core_each / auto of the medi
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ import sys
 import time
 from statistics import median
 
-from medclaw.bench import print_result
+from medclaw.bench import engine_benchmark_parser, parse_engine_benchmark, print_result
 
 REQUESTS, TOKENS = 24, 256
 
@@ -82,23 +81,10 @@ def one_pair(profile: str, role: str, setting: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="tiny-cpu")
-    parser.add_argument("--role", default="orchestrator", help="whose engine to start, twice")
-    parser.add_argument("--repeat", type=int, default=2, help="pairs per setting (alternating)")
-    parser.add_argument("--out", default=None, help="also write the JSON here")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error("--repeat must be >= 1")
-    from medclaw.errors import MedClawError
-    from medclaw.models.registry import load_models
-
-    try:                                  # before any engine starts
-        spec = load_models(profile=args.profile).get(args.role)
-    except MedClawError as err:
-        parser.error(str(err))
-    if spec is None or spec.backend != "vllm":
-        parser.error(f"--role {args.role}: profile {args.profile} serves it on no vLLM engine")
+    parser = engine_benchmark_parser(__doc__, role="orchestrator",
+                                     role_help="whose engine to start, twice",
+                                     repeat_help="pairs per setting (alternating)")
+    args, _ = parse_engine_benchmark(parser, argv)           # before any engine starts
 
     from medclaw.models.train_tiny import machine
 

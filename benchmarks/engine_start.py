@@ -15,7 +15,6 @@ in_engine_core / own_process of the median start) on stdout and in --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import time
 from statistics import median
 
-from medclaw.bench import print_result
+from medclaw.bench import engine_benchmark_parser, parse_engine_benchmark, print_result
 
 SETTINGS = {
     # name: (engine arguments over the profile's, environment)
@@ -70,12 +69,9 @@ def one_start(profile: str, role: str, setting: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="tiny-cpu")
-    parser.add_argument("--role", default="video_expert", help="whose engine to start")
-    parser.add_argument("--repeat", type=int, default=2, help="starts per setting (alternating)")
-    parser.add_argument("--out", default=None, help="also write the JSON here")
-    args = parser.parse_args(argv)
+    parser = engine_benchmark_parser(__doc__, role="video_expert",
+                                     repeat_help="starts per setting (alternating)")
+    args, _ = parse_engine_benchmark(parser, argv)
 
     began = time.time()
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}

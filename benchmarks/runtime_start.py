@@ -17,7 +17,6 @@ from the process); the median start per mode and the ratio together / one at a t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,7 +24,7 @@ import sys
 import time
 from statistics import median
 
-from medclaw.bench import print_result
+from medclaw.bench import engine_benchmark_parser, parse_engine_benchmark, print_result
 
 CHILD = r"""
 import asyncio, json, sys, time
@@ -63,23 +62,8 @@ def one_run(profile: str, mode: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="tiny-cpu")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per mode (alternating)")
-    parser.add_argument("--out", default=None, help="also write the JSON here")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error("--repeat must be >= 1")
-    from medclaw.engine.runtime import EPISODE_ROLES
-    from medclaw.errors import MedClawError
-    from medclaw.models.registry import load_models
-
-    try:                                  # before any engine starts
-        specs = load_models(profile=args.profile)
-    except MedClawError as err:
-        parser.error(str(err))
-    if any(specs[role].backend != "vllm" for role in EPISODE_ROLES if role in specs):
-        parser.error(f"--profile {args.profile}: not every episode role runs on a vLLM engine")
+    parser = engine_benchmark_parser(__doc__, repeat_help="runs per mode (alternating)")
+    args, _ = parse_engine_benchmark(parser, argv)           # before any engine starts
 
     from medclaw.models.train_tiny import machine
 
