@@ -21,6 +21,7 @@ frames, a template that differs from the server's — never silently accepted.
 from __future__ import annotations
 
 import abc
+import threading
 
 from medclaw.errors import MedClawError
 from medclaw.types import GenRequest, GenResult, MediaItem
@@ -163,21 +164,27 @@ def media_tokens(item: MediaItem) -> int:
     return visual_tokens(FRAME_FACTOR, int(shape[0]), int(shape[1]))
 
 
+# transformers' lazy imports are not thread-safe (two threads at once failed with "cannot import
+# name 'AutoTokenizer'"): engines built in parallel threads (Runtime.start) load one at a time.
+_tokenizer_load_lock = threading.Lock()
+
+
 def load_chat_tokenizer(model_path: str):
     """The tokenizer whose chat template renders prompts (the processor's template as fallback)."""
-    from transformers import AutoTokenizer
+    with _tokenizer_load_lock:
+        from transformers import AutoTokenizer
 
-    from medclaw.errors import ConfigError
+        from medclaw.errors import ConfigError
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if getattr(tokenizer, "chat_template", None) is None:
-        from transformers import AutoProcessor
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if getattr(tokenizer, "chat_template", None) is None:
+            from transformers import AutoProcessor
 
-        template = getattr(AutoProcessor.from_pretrained(model_path), "chat_template", None)
-        if template is None:
-            raise ConfigError(f"model at {model_path} has no chat template")
-        tokenizer.chat_template = template
-    return tokenizer
+            template = getattr(AutoProcessor.from_pretrained(model_path), "chat_template", None)
+            if template is None:
+                raise ConfigError(f"model at {model_path} has no chat template")
+            tokenizer.chat_template = template
+        return tokenizer
 
 
 def render_prompt(tokenizer, request: GenRequest, chat_template_kwargs: dict | None = None) -> str:

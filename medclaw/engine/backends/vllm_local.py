@@ -78,7 +78,7 @@ CPU_SHUTDOWN_GRACE_S = 1.0
 def import_engine() -> bool:
     """Import what an engine build imports (torch, transformers, vLLM: seconds) and say whether
     this vLLM is its CPU build. Builds in parallel threads call this first: transformers' lazy
-    imports are not thread-safe (two at once: "cannot import name 'AutoTokenizer'")."""
+    imports are not thread-safe (base.load_chat_tokenizer)."""
     from transformers import AutoTokenizer  # noqa: F401
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
