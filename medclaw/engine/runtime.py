@@ -64,7 +64,6 @@ class EngineReady:
                 f"ready in {self.seconds:.1f} s{on_cores}")
 
 
-
 class Runtime:
     def __init__(self, specs: dict[str, Any], *, backends: dict[str, Any] | None = None,
                  frames: Any = None, knowledge_base: Any = None, skills: Any = None,
