@@ -31,7 +31,6 @@ REQUESTS, TOKENS = 24, 256
 
 CHILD = r"""
 import asyncio, json, sys, time
-import psutil
 from medclaw.models.registry import load_models
 from medclaw.engine.backends.vllm_local import VLLMBackend
 from medclaw.requests.conversation import Conversation
@@ -41,17 +40,14 @@ def main():
     began = time.perf_counter()
     backend = VLLMBackend(load_models(profile=profile)[role])
     started = time.perf_counter()
-    # the model worker (vLLM titles its process "VLLM::Worker"), whose main thread OpenMP binds
-    workers = [p for p in psutil.Process().children(recursive=True)
-               if " ".join(p.cmdline()).startswith("VLLM::Worker")]
-    if not workers:
-        raise SystemExit("no VLLM::Worker process found below this one")
+    if backend.worker_cores is None:          # read from its model worker (cpu_binding.worker_cores)
+        raise SystemExit("no VLLM::Worker process found below the engine core")
     asks = [Conversation("You are terse.").add_user(f"Describe step {i}.")
             .to_request(max_tokens=tokens, temperature=1.0) for i in range(requests)]
     results = asyncio.run(backend.generate(asks))
     print(json.dumps({"start_s": started - began, "serve_s": time.perf_counter() - started,
                       "reply_tokens": sum(r.num_completion_tokens for r in results),
-                      "worker_cores": sorted({c for w in workers for c in w.cpu_affinity()})}))
+                      "worker_cores": backend.worker_cores}))
     backend.shutdown()
 
 if __name__ == "__main__":
