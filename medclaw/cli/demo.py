@@ -2,8 +2,9 @@
 
 1. synthesise a short procedure video (default 1 min, 320x180) with zoom content — small objects,
    look-alike instruments told apart by a small mark (`synth.zoom`) — and its ground truth
-   → artifacts/demo/;
-2. build the knowledge base from the corpus shipped with the package → artifacts/demo/kb/;
+   → artifacts/demo/ (kept when an earlier run made the same one);
+2. build the knowledge base from the corpus shipped with the package → artifacts/demo/kb/ (kept
+   when an earlier run built it from the same corpus and encoder: `kb.build.current_index`);
 3. ask the video's first small-object question ("Which small object lies in the field at 12.6 s:
    needle, bulldog clamp, gauze tag?") on the `tiny-trained` profile: the trained miniature
    (`medclaw models train-tiny`), real vLLM CPU engines, real decoding, real FAISS, the real agent
@@ -76,13 +77,17 @@ def _handle(args) -> int:
     console.log(f"video {video.path} ({video.duration_s:.0f} s); the {qa['answer']} is on screen "
                 f"{visit['start_s']:.1f}-{visit['end_s']:.1f} s")
 
-    with console.status("building the knowledge base from the shipped corpus…"):
-        from medclaw.kb.build import build_index
+    from medclaw.kb.build import build_index, current_index
 
-        started = time.perf_counter()
-        kb = build_index(None, out / "kb", progress=False)
-        timings["kb_build_s"] = time.perf_counter() - started
-    console.log(f"knowledge base: {kb.count} passages ({timings['kb_build_s']:.1f} s)")
+    kept = current_index(None, out / "kb")          # built by an earlier run from the same corpus
+    if kept is not None:
+        console.log(f"knowledge base: {kept['count']} passages (kept from {kept['created']})")
+    else:
+        with console.status("building the knowledge base from the shipped corpus…"):
+            started = time.perf_counter()
+            kb = build_index(None, out / "kb", progress=False)
+            timings["kb_build_s"] = time.perf_counter() - started
+        console.log(f"knowledge base: {kb.count} passages ({timings['kb_build_s']:.1f} s)")
 
     from medclaw.engine.config import load_episode_config
     from medclaw.engine.runtime import open_runtime

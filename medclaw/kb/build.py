@@ -13,6 +13,12 @@
 
 The manifest is written last: an index folder with a manifest is complete. Existing index files in
 `out_dir` are replaced; nothing else there is touched.
+
+    current_index(corpus_dir, out_dir, encoder=None) -> dict | None
+
+The manifest of the index already in `out_dir` when it is complete, readable and was built from
+the same corpus bytes, chunking and encoder (what `build_index` would write again); else None.
+Cheap (hashes the corpus, reads the index; loads no encoder): `medclaw demo` builds only then.
 """
 from __future__ import annotations
 
@@ -111,3 +117,33 @@ def build_index(corpus_dir: str | os.PathLike | None, out_dir: str | os.PathLike
     tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     tmp.replace(out / MANIFEST_FILE)
     return BuildResult(str(out), len(passages), len(files), enc.dim, seconds, embed_seconds, manifest)
+
+
+def current_index(corpus_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
+                  encoder: str | os.PathLike | None = None,
+                  chunking: ChunkConfig | None = None) -> dict | None:
+    """The manifest of `out_dir`'s index if `build_index` with these arguments would build the
+    same one (format, corpus hash, chunking, encoder folder) and its files load; else None."""
+    from medclaw.kb.encoder import resolve_encoder_path
+    from medclaw.kb.passages import corpus_files
+    from medclaw.kb.search import KnowledgeBase
+
+    root = Path(corpus_dir).expanduser() if corpus_dir is not None else shipped_corpus_dir()
+    chunking = chunking or ChunkConfig()
+    try:
+        manifest = KnowledgeBase.load(out_dir, use_gpu=False).manifest   # complete and consistent
+        wanted = {
+            "format_version": FORMAT_VERSION,
+            "encoder_path": str(resolve_encoder_path(encoder)),
+            "corpus_sha256": corpus_sha256(root, corpus_files(root)),
+            "chunking": {"max_words": chunking.max_words, "overlap_words": chunking.overlap_words},
+        }
+    except KnowledgeBaseError:
+        return None          # no index there, a broken one, or a corpus/encoder build would refuse
+    found = {
+        "format_version": manifest.get("format_version"),
+        "encoder_path": manifest.get("encoder", {}).get("path"),
+        "corpus_sha256": manifest.get("corpus", {}).get("sha256"),
+        "chunking": manifest.get("chunking"),
+    }
+    return manifest if found == wanted else None

@@ -62,6 +62,16 @@ def test_demo_pipeline_and_summary(medclaw, serve_roles_with, tmp_path, capsys):
     assert json.loads(open(summary["trace"]).readline())["type"] == "header"
     # the system prompt the orchestrator got lists the shipped skill
     assert "directed-relook" in scripted.requests[0].messages[0]["content"][0]["text"]
+    # a second run in the same folder keeps the video and the knowledge base (same corpus, same
+    # encoder: kb.build.current_index) and asks the same question
+    manifest = (out_dir / "kb" / "manifest.json").read_text()
+    assert medclaw(["demo", "--out-dir", str(out_dir), "--minutes", "0.5", "--json",
+                    "--profile", "tiny-cpu"]) == 0
+    captured = capsys.readouterr()
+    again = json.loads(captured.out)
+    assert "passages (kept from" in captured.err and "kb_build_s" not in again["timings_s"]
+    assert (out_dir / "kb" / "manifest.json").read_text() == manifest
+    assert again["question"] == summary["question"] and opened[-1].knowledge_base is not None
 
 
 @pytest.mark.engine

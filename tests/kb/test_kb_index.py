@@ -8,7 +8,7 @@ import json
 import pytest
 
 from medclaw.errors import MedClawError
-from medclaw.kb.build import INDEX_FILE, MANIFEST_FILE, PASSAGES_FILE, build_index
+from medclaw.kb.build import INDEX_FILE, MANIFEST_FILE, PASSAGES_FILE, build_index, current_index
 from medclaw.kb.errors import (CorpusFormatError, CorpusNotFoundError, EmptyCorpusError,
                                EncoderNotFoundError, IndexCorruptError, IndexNotFoundError,
                                KnowledgeBaseError, UnknownPassageTypeError)
@@ -200,3 +200,32 @@ def test_a_query_encoder_other_than_the_index_s_is_refused_at_load(built, tmp_pa
     with pytest.raises(EncoderNotFoundError, match="not the one the index") as info:
         KnowledgeBase.load(kb.index_dir, encoder=other)
     _assert_one_line(info)
+
+
+def test_current_index_is_kept_only_when_a_rebuild_would_write_the_same(built, corpus_dir, tmp_path):
+    """`current_index` (what `medclaw demo` uses to skip a rebuild): the manifest when the folder
+    holds what `build_index` would write again; None for every input a rebuild would change, and
+    for a folder that is missing or damaged (so the caller rebuilds instead of failing)."""
+    import shutil
+
+    from medclaw.kb.encoder import default_encoder_path
+    from medclaw.kb.passages import ChunkConfig
+
+    result, kb = built
+    assert current_index(corpus_dir, kb.index_dir) == result.manifest
+    assert current_index(corpus_dir, kb.index_dir, encoder=default_encoder_path()) == result.manifest
+    assert current_index(corpus_dir, kb.index_dir, chunking=ChunkConfig(max_words=64)) is None
+    other_encoder = tmp_path / "other-encoder"
+    shutil.copytree(default_encoder_path(), other_encoder)
+    assert current_index(corpus_dir, kb.index_dir, encoder=other_encoder) is None
+    changed = tmp_path / "changed-corpus"
+    shutil.copytree(corpus_dir, changed)
+    assert current_index(changed, kb.index_dir) == result.manifest          # same bytes, same hash
+    (changed / "hook.md").write_text(CORPUS["hook.md"].replace("white smoke", "grey smoke"))
+    assert current_index(changed, kb.index_dir) is None
+    assert current_index(tmp_path / "no-corpus", kb.index_dir) is None
+    assert current_index(corpus_dir, tmp_path / "no-index") is None
+    damaged = tmp_path / "damaged"
+    shutil.copytree(kb.index_dir, damaged)
+    (damaged / INDEX_FILE).write_bytes(b"not a faiss index")
+    assert current_index(corpus_dir, damaged) is None
