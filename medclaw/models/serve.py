@@ -17,6 +17,9 @@ Contract:
 - `server_env()` → the environment: MedClaw's offline variables, `VLLM_HOST_IP=127.0.0.1` among
   them (vLLM otherwise discovers its IP by connecting a UDP socket to 8.8.8.8 in every engine
   process; a multi-node Ray deployment runs `vllm serve` with the node's address itself).
+- `bind_to_free_cores(env)`: on vLLM's CPU build, unless `VLLM_CPU_OMP_THREADS_BIND` is set, a
+  server started while other vLLM workers run on this host computes on the cores they leave free
+  (vLLM's "auto" puts every engine on the same first core); returns the line that says so.
 - `role_config(spec, url, role)` → YAML lines for `medclaw.yaml` that put `role` on the server.
 - `serve(spec, options)` prints those lines on stdout, then replaces this process with the server
   (signals go straight to vLLM; its logs go to stderr).
@@ -161,6 +164,28 @@ def server_env(base: dict | None = None) -> dict:
     return env
 
 
+def bind_to_free_cores(env: dict) -> str | None:
+    """Set `env`'s core binding for a CPU server to the cores no running vLLM worker is bound to
+    (see the module docstring); the line to print about it, None when nothing was decided."""
+    from medclaw.engine.backends.cpu_binding import (
+        BIND_VARIABLE, cores_of_running_workers, free_cores,
+    )
+
+    if env.get(BIND_VARIABLE):
+        return None                                          # the user's choice
+    taken = {core for cores in cores_of_running_workers().values() for core in cores}
+    if not taken:
+        return None                                          # vLLM's "auto" is fine alone
+    free = free_cores(taken)
+    busy = ",".join(map(str, sorted(taken)))
+    if not free:
+        return (f"medclaw: running vLLM workers compute on every core here ({busy}); this server "
+                f"shares them (set {BIND_VARIABLE} to choose)")
+    env[BIND_VARIABLE] = ",".join(map(str, free))
+    return (f"medclaw: running vLLM workers compute on cores {busy}; this server's on cores "
+            f"{env[BIND_VARIABLE]} (set {BIND_VARIABLE} to choose)")
+
+
 def endpoint_url(options: ServeOptions) -> str:
     """The base URL clients use (a wildcard bind is advertised under this host's name)."""
     host = options.host
@@ -214,8 +239,12 @@ def serve(spec: ModelSpec, options: ServeOptions, role: str, is_preset: bool,
         print("# command: " + shlex.join(command), flush=True)
         return 0
     check_vllm_installed()
+    env = server_env()
+    binding_note = bind_to_free_cores(env) if on_cpu else None
+    if binding_note:
+        print(binding_note, file=sys.stderr)
     print(f"medclaw: starting vLLM for {spec.name} on {options.host}:{options.port} "
           f"(ready when GET /health answers 200)", file=sys.stderr, flush=True)
     sys.stderr.flush()
-    os.execve(command[0], command, server_env())
+    os.execve(command[0], command, env)
     return 0     # not reached

@@ -92,3 +92,30 @@ def test_worker_cores_of_a_process_without_workers_is_unknown():
         finally:
             sleeper.kill()
     assert cpu_binding.worker_cores(sleeper.pid) is None           # gone: unknown, not an error
+
+
+FAKE_WORKER = ("import os, sys, time, setproctitle; setproctitle.setproctitle(sys.argv[1]); "
+               "os.sched_setaffinity(0, {int(sys.argv[2])}); print('up', flush=True); time.sleep(60)")
+
+
+def test_running_workers_are_found_with_their_cores_and_the_rest_is_free(monkeypatch):
+    """A process titled as vLLM titles its model workers (setproctitle, as vLLM does), bound to
+    one core, is found with that core; a process titled otherwise is not."""
+    import subprocess
+    import sys
+
+    core = cpu_binding.allowed_cores()[-1]
+    children = [subprocess.Popen([sys.executable, "-c", FAKE_WORKER, title, str(core)],
+                                 stdout=subprocess.PIPE, text=True)
+                for title in (f"{cpu_binding.WORKER_TITLE}_TP0", "VLLM::EngineCore")]
+    try:
+        for child in children:
+            assert child.stdout.readline().strip() == "up"      # titled and bound
+        found = cpu_binding.cores_of_running_workers()
+        assert found.get(children[0].pid) == [core] and children[1].pid not in found
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    monkeypatch.setattr(cpu_binding, "allowed_cores", lambda: [0, 1, 2, 3])
+    assert cpu_binding.free_cores({0}) == [1, 2, 3] and cpu_binding.free_cores({0, 1, 2, 3}) == []

@@ -72,6 +72,40 @@ def test_serve_env_is_offline_and_loopback():
     assert server_env({"VLLM_HOST_IP": "10.0.0.5"})["VLLM_HOST_IP"] == "127.0.0.1"
 
 
+@pytest.mark.parametrize("env_binding, running, binding, note", [
+    ("2", {7: [0]}, "2", None),                                 # the user's choice is kept
+    (None, {}, None, None),                                     # alone: vLLM's "auto"
+    (None, {7: [0], 8: [1]}, "2,3", "on cores 0,1; this server's on cores 2,3"),
+    (None, {7: [0, 1], 8: [2, 3]}, None, "every core here (0,1,2,3); this server shares them"),
+])
+def test_a_cpu_server_binds_to_the_cores_running_workers_leave(monkeypatch, capsys, tiny_vlm_spec,
+                                                              env_binding, running, binding, note):
+    """What `medclaw models serve` execs vLLM with, on 4 cores with other vLLM workers running."""
+    from medclaw.engine.backends import cpu_binding
+    from medclaw.models import serve as serve_module
+
+    monkeypatch.setattr(cpu_binding, "allowed_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(cpu_binding, "cores_of_running_workers", lambda: running)
+    if env_binding is None:
+        monkeypatch.delenv(cpu_binding.BIND_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(cpu_binding.BIND_VARIABLE, env_binding)
+    execs = []
+    monkeypatch.setattr(serve_module.os, "execve", lambda *call: execs.append(call))
+    options = serve_module.ServeOptions(on_cpu=True)
+    assert serve_module.serve(tiny_vlm_spec, options, role="video_expert", is_preset=False) == 0
+    (_, _, env), = execs
+    assert env.get(cpu_binding.BIND_VARIABLE) == binding
+    err = capsys.readouterr().err
+    assert (note in err) if note else ("running vLLM workers" not in err)
+    # a GPU build is never bound
+    monkeypatch.delenv(cpu_binding.BIND_VARIABLE, raising=False)
+    execs.clear()
+    serve_module.serve(tiny_vlm_spec, serve_module.ServeOptions(on_cpu=False), role="video_expert",
+                       is_preset=False)
+    assert cpu_binding.BIND_VARIABLE not in execs[0][2]
+
+
 def test_bad_input_is_one_line_before_anything_starts(medclaw_home, capsys):
     for argv, needle in ((["models", "serve", "no-such-model"], "medclaw models import"),
                          (["models", "serve", PRESET], "medclaw models import"),
@@ -243,6 +277,24 @@ async def test_stage2_reuses_the_kv_without_reuploading(remote, served):
     # the per-request figures are the server's own counters
     hits = metric(served[0], "vllm:prefix_cache_hits_total") - hits_before
     assert hits == first.num_cached_tokens + second.num_cached_tokens
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_is_cpu_build(), reason="CPU workers are bound to cores")
+def test_the_running_server_s_worker_is_found_with_its_cores(served):
+    """What a second `medclaw models serve` reads to keep off this server's cores: its model
+    worker (found by vLLM's process title) and the cores it is bound to."""
+    import psutil
+
+    from medclaw.engine.backends.cpu_binding import cores_of_running_workers
+
+    server = psutil.Process(served[3].pid)
+    workers = {p.pid: sorted(p.cpu_affinity()) for p in server.children(recursive=True)
+               if "Worker" in " ".join(p.cmdline())}
+    assert workers, [" ".join(p.cmdline()) for p in server.children(recursive=True)]
+    found = cores_of_running_workers()
+    assert {pid: found.get(pid) for pid in workers} == workers
 
 
 @pytest.mark.engine

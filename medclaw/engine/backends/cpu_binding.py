@@ -16,6 +16,9 @@ next one is kept for the scheduler), so two engines started or serving at once s
   one at a time up to that point, so engines built in parallel threads each see their own binding.
 - `worker_cores(pid)`: the cores the model worker below engine-core process `pid` is bound to,
   read from the process (what vLLM did, not what it was asked; `bound_as_asked` compares).
+- `cores_of_running_workers()`, `free_cores(taken)`: the cores the vLLM workers already running on
+  this host compute on, and the rest (`medclaw models serve` binds a second CPU server there, so
+  that it does not compute on the first one's core).
 """
 from __future__ import annotations
 
@@ -112,3 +115,22 @@ def worker_cores(engine_core_pid: int | None) -> list[int] | None:
         return sorted({core for worker in workers for core in worker.cpu_affinity()}) or None
     except psutil.Error:
         return None
+
+
+def cores_of_running_workers() -> dict[int, list[int]]:
+    """pid → cores of every vLLM model worker process this user can see on the host."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter():
+        try:
+            if " ".join(process.cmdline()).startswith(WORKER_TITLE):
+                found[process.pid] = sorted(process.cpu_affinity())
+        except psutil.Error:            # gone, or another user's
+            continue
+    return found
+
+
+def free_cores(taken: set[int]) -> list[int]:
+    """This process's cores that are not in `taken`."""
+    return [core for core in allowed_cores() if core not in taken]
