@@ -1,8 +1,8 @@
 """benchmarks/plot_decode.py turns a decode JSON into a chart, and says what is wrong with bad JSON;
 benchmarks/tiny_vlm_confusion.py scores a trained miniature VLM per gold answer; the seed
-benchmarks' arguments are checked before any training starts (engine_start's, engine_binding's
-and runtime_start's before any engine starts), and the orchestrator's sets every training
-setting its flags name;
+benchmarks' arguments are checked before any training starts (engine_start's, engine_binding's,
+runtime_start's and serve_binding's before any engine or server starts), and the orchestrator's
+sets every training setting its flags name;
 benchmarks/zoom_contrast.py measures how far each zoom object's region stands from its empty spot."""
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ def test_bad_input_is_one_line(tmp_path, text):
     ("engine_start", ["--repeat", "0"], "--repeat"),
     ("engine_start", ["--role", "encoder"], "no vLLM engine"),
     ("runtime_start", ["--repeat", "0"], "--repeat"),
-    ("runtime_start", ["--profile", "nope"], "unknown profile")])
+    ("runtime_start", ["--profile", "nope"], "unknown profile"),
+    ("serve_binding", ["--repeat", "0"], "--repeat"),
+    ("serve_binding", ["--role", "encoder"], "no vLLM engine")])
 def test_seed_benchmarks_refuse_bad_arguments_in_one_line(name, args, message, capsys):
     """Checked before any model loads or trains."""
     with pytest.raises(SystemExit) as err:
