@@ -367,6 +367,9 @@ def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
         replayed = _play(chosen, root, student=backend)
     finally:
         backend.shutdown()
+    # the engine core, this process's own child, was reaped by shutdown: not even a zombie left
+    # below us (checked before wait_procs, which would reap it itself)
+    assert not [p for p in psutil.Process().children() if p.pid in {e.pid for e in engine_processes}]
     # shut down after vllm_local.CPU_SHUTDOWN_GRACE_S: its engine core and model worker are killed,
     # none left running on its own (a kill takes effect a moment later)
     _, left = psutil.wait_procs(engine_processes, timeout=10)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -154,6 +155,7 @@ class VLLMBackend(Backend):
         self.quantization = None       # the method vLLM reports after loading (None: full precision)
         self.cpu_binding = cpu_binding
         self.worker_cores: list[int] | None = None   # CPU engines: read from the worker process
+        self._engine_core_pid: int | None = None     # CPU engines: reaped at shutdown
         self._tokenizer = load_chat_tokenizer(spec.path)
         self._plan = PromptPlan(self._tokenizer, spec.name)
         self._loop = asyncio.new_event_loop()
@@ -202,6 +204,7 @@ class VLLMBackend(Backend):
         # what vLLM really loaded: a quantisation asked for and not applied is an error
         self.quantization = self._engine.vllm_config.model_config.quantization
         check_vllm_loaded(self.spec, self.quantization)
+        self._engine_core_pid = core_pid
         self.worker_cores = worker_cores(core_pid)
         if not bound_as_asked(self.cpu_binding, self.worker_cores):
             # slower, not wrong: every answer stands; say so rather than trust the binding
@@ -326,6 +329,14 @@ class VLLMBackend(Backend):
                 self._thread.join(SHUTDOWN_TIMEOUT_S)
         if not self._thread.is_alive():
             self._loop.close()
+        self._reap_engine_core()
+
+    def _reap_engine_core(self) -> None:
+        """vLLM kills its engine core process without joining it, so it stayed a zombie below
+        this process until the next multiprocessing call: join it now."""
+        for child in multiprocessing.active_children():       # joins those already ended
+            if child.pid == self._engine_core_pid:
+                child.join(SHUTDOWN_TIMEOUT_S)                  # killed: ends at once
 
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)
