@@ -5,7 +5,7 @@ against both on vLLM's own binding.
 the cores they leave free (`serve.bind_to_free_cores`); vLLM's own binding ("auto") puts every
 server's model worker on the same first core. This starts two servers of the profile's ROLE model
 the way a user would, one command after the other (the second once the first answers
-`/health`), then keeps both busy at once: REQUESTS completions of exactly TOKENS tokens each
+`/health`; `medclaw.bench.routing.start_servers`), then keeps both busy at once: REQUESTS completions of exactly TOKENS tokens each
 (`ignore_eos`), sent CONCURRENCY at a time to each. Once as a user's shell runs them (no
 `VLLM_CPU_OMP_THREADS_BIND`: "free_cores") and once with `VLLM_CPU_OMP_THREADS_BIND=auto` for both
 ("auto", which `serve` leaves alone), alternating, so that both see the same machine.
@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,115 +32,79 @@ from statistics import median
 from medclaw.bench import engine_benchmark_parser, parse_engine_benchmark, print_result
 
 REQUESTS, TOKENS, CONCURRENCY = 24, 256, 8
-START_TIMEOUT_S = 600
 BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+NOTE_START = "medclaw: running vLLM workers"      # the line `serve` prints when it binds
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def get_json(url: str, body: dict | None = None, timeout: float = 600) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as reply:
         return json.loads(reply.read())
 
 
-class Server:
-    """One `medclaw models serve MODEL` in a process group of its own, its stderr in a file."""
+def worker_cores(server) -> list[int]:
+    """The cores the model worker below server process `server` is bound to (read, not assumed)."""
+    import psutil
 
-    def __init__(self, model_path: str, env: dict, log_dir: Path, k: int):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log_dir / f"server-{k}.log"
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                [str(Path(sys.executable).with_name("medclaw")), "models", "serve", model_path,
-                 "--port", str(self.port)],                      # the venv's command, as a user's
-                stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
+    from medclaw.engine.backends.cpu_binding import WORKER_TITLE
 
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"server exited ({self.process.returncode}):\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1)
-        raise SystemExit(f"server did not start in {START_TIMEOUT_S} s:\n{self.tail()}")
+    workers = [p for p in psutil.Process(server.pid).children(recursive=True)
+               if " ".join(p.cmdline()).startswith(WORKER_TITLE)]
+    if not workers:
+        raise SystemExit(f"no {WORKER_TITLE} process below server pid {server.pid}")
+    return sorted({core for worker in workers for core in worker.cpu_affinity()})
 
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
 
-    def binding_note(self) -> str | None:
-        lines = [line for line in self.log.read_text(errors="replace").splitlines()
-                 if line.startswith("medclaw: running vLLM workers")]
-        return lines[0] if lines else None
+def keep_busy(base_url: str) -> float:
+    """Seconds for one server to answer REQUESTS completions of TOKENS tokens, CONCURRENCY at a
+    time (`ignore_eos`: the same work under both settings)."""
+    with urllib.request.urlopen(f"{base_url}/models", timeout=10) as reply:
+        model = json.loads(reply.read())["data"][0]["id"]
 
-    def worker_cores(self) -> list[int]:
-        import psutil
+    def one(i: int) -> int:
+        reply = post_json(f"{base_url}/completions", {
+            "model": model, "prompt": f"Describe step {i} of the procedure.",
+            "max_tokens": TOKENS, "temperature": 1.0, "ignore_eos": True})
+        return reply["usage"]["completion_tokens"]
 
-        from medclaw.engine.backends.cpu_binding import WORKER_TITLE
-
-        workers = [p for p in psutil.Process(self.process.pid).children(recursive=True)
-                   if " ".join(p.cmdline()).startswith(WORKER_TITLE)]
-        if not workers:
-            raise SystemExit(f"no {WORKER_TITLE} process below server {self.url}")
-        return sorted({core for worker in workers for core in worker.cpu_affinity()})
-
-    def serve(self) -> float:
-        """Seconds to answer REQUESTS completions of TOKENS tokens, CONCURRENCY at a time."""
-        model = get_json(f"{self.url}/v1/models")["data"][0]["id"]
-
-        def one(i: int) -> int:
-            reply = get_json(f"{self.url}/v1/completions", {
-                "model": model, "prompt": f"Describe step {i} of the procedure.",
-                "max_tokens": TOKENS, "temperature": 1.0, "ignore_eos": True})
-            return reply["usage"]["completion_tokens"]
-
-        started = time.perf_counter()
-        with ThreadPoolExecutor(CONCURRENCY) as pool:
-            tokens = list(pool.map(one, range(REQUESTS)))
-        if tokens != [TOKENS] * REQUESTS:           # the same work under both settings
-            raise SystemExit(f"replies of {sorted(set(tokens))} tokens, not {TOKENS}")
-        return time.perf_counter() - started
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        tokens = list(pool.map(one, range(REQUESTS)))
+    if tokens != [TOKENS] * REQUESTS:
+        raise SystemExit(f"replies of {sorted(set(tokens))} tokens, not {TOKENS}")
+    return time.perf_counter() - started
 
 
 def one_pair(model_path: str, setting: str, log_dir: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != BIND_VARIABLE}
+    """Two servers started one after the other (as two commands), then both kept busy at once."""
+    from medclaw.bench.routing import start_servers, stop_servers
+
+    os.environ.pop(BIND_VARIABLE, None)               # as a user's shell: none
     if setting == "auto":
-        env[BIND_VARIABLE] = "auto"
-    servers: list[Server] = []
+        os.environ[BIND_VARIABLE] = "auto"            # vLLM's binding, which `serve` leaves alone
+    processes, urls, logs = [], [], []
     try:
-        for k in range(2):                            # one command after the other, as a user
-            servers.append(Server(model_path, env, log_dir, k))
-            servers[-1].wait_healthy()
-        started = time.perf_counter()
-        with ThreadPoolExecutor(2) as pool:           # both busy at once
-            serve_s = list(pool.map(Server.serve, servers))
-        pair_s = time.perf_counter() - started
+        for k in range(2):
+            logs.append(log_dir / f"{setting}-{k}")
+            try:
+                started, (url,) = start_servers(model_path, 1, None, str(logs[-1]))
+            except RuntimeError as err:               # its log says why: show the end of it
+                log = (logs[-1] / "server-0.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"{err}\n{log}") from None
+            processes += started
+            urls.append(url)
+        began = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:
+            serve_s = list(pool.map(keep_busy, urls))
+        pair_s = time.perf_counter() - began
+        notes = [next((line for line in (log / "server-0.log").read_text(errors="replace")
+                       .splitlines() if line.startswith(NOTE_START)), None) for log in logs]
         return {"pair_serve_s": pair_s, "servers": [
-            {"serve_s": s_, "worker_cores": server.worker_cores(), "note": server.binding_note()}
-            for server, s_ in zip(servers, serve_s)]}
+            {"serve_s": seconds, "worker_cores": worker_cores(process), "note": note}
+            for process, seconds, note in zip(processes, serve_s, notes)]}
     finally:
-        for server in servers:
-            server.stop()
+        stop_servers(processes)
 
 
 def main(argv: list[str] | None = None) -> int:
