@@ -19,7 +19,8 @@ Contract:
   process; a multi-node Ray deployment runs `vllm serve` with the node's address itself).
 - `bind_to_free_cores(env)`: on vLLM's CPU build, unless `VLLM_CPU_OMP_THREADS_BIND` is set, a
   server started while other vLLM workers run on this host computes on the cores they leave free
-  (vLLM's "auto" puts every engine on the same first core); returns the line that says so.
+  (vLLM's "auto" puts every engine on the same cores), when those are at least as many as any
+  running worker's; returns the line that says what it did.
 - `role_config(spec, url, role)` → YAML lines for `medclaw.yaml` that put `role` on the server.
 - `serve(spec, options)` prints those lines on stdout, then replaces this process with the server
   (signals go straight to vLLM; its logs go to stderr).
@@ -166,21 +167,28 @@ def server_env(base: dict | None = None) -> dict:
 
 def bind_to_free_cores(env: dict) -> str | None:
     """Set `env`'s core binding for a CPU server to the cores no running vLLM worker is bound to
-    (see the module docstring); the line to print about it, None when nothing was decided."""
+    (see the module docstring); the line to print about it, None when nothing was decided.
+
+    Only when the free cores are at least as many as any running worker's: vLLM's own binding
+    gives a server every core of the first NUMA node but one, so on a many-core host the core it
+    leaves would make the second server far slower than sharing the first one's cores."""
     from medclaw.engine.backends.cpu_binding import (
         BIND_VARIABLE, cores_of_running_workers, free_cores,
     )
 
     if env.get(BIND_VARIABLE):
         return None                                          # the user's choice
-    taken = {core for cores in cores_of_running_workers().values() for core in cores}
-    if not taken:
+    running = cores_of_running_workers()
+    if not running:
         return None                                          # vLLM's "auto" is fine alone
+    taken = {core for cores in running.values() for core in cores}
     free = free_cores(taken)
     busy = ",".join(map(str, sorted(taken)))
-    if not free:
-        return (f"medclaw: running vLLM workers compute on every core here ({busy}); this server "
-                f"shares them (set {BIND_VARIABLE} to choose)")
+    largest = max(len(cores) for cores in running.values())
+    if len(free) < largest:
+        return (f"medclaw: running vLLM workers compute on cores {busy}, {len(free)} core(s) left "
+                f"free, fewer than a running worker's {largest}; this server shares their cores "
+                f"(set {BIND_VARIABLE} for each server to split them)")
     env[BIND_VARIABLE] = ",".join(map(str, free))
     return (f"medclaw: running vLLM workers compute on cores {busy}; this server's on cores "
             f"{env[BIND_VARIABLE]} (set {BIND_VARIABLE} to choose)")

@@ -76,7 +76,10 @@ def test_serve_env_is_offline_and_loopback():
     ("2", {7: [0]}, "2", None),                                 # the user's choice is kept
     (None, {}, None, None),                                     # alone: vLLM's "auto"
     (None, {7: [0], 8: [1]}, "2,3", "on cores 0,1; this server's on cores 2,3"),
-    (None, {7: [0, 1], 8: [2, 3]}, None, "every core here (0,1,2,3); this server shares them"),
+    (None, {7: [0, 1], 8: [2, 3]}, None, "0 core(s) left free, fewer than a running worker's 2"),
+    # vLLM's own binding took all cores but one: one core alone would be slower than sharing
+    (None, {7: [0, 1, 2]}, None, "1 core(s) left free, fewer than a running worker's 3"),
+    (None, {7: [0, 1]}, "2,3", "on cores 0,1; this server's on cores 2,3"),
 ])
 def test_a_cpu_server_binds_to_the_cores_running_workers_leave(monkeypatch, capsys, tiny_vlm_spec,
                                                               env_binding, running, binding, note):
