@@ -5,10 +5,11 @@ against both on vLLM's own binding.
 the cores they leave free (`serve.bind_to_free_cores`); vLLM's own binding ("auto") puts every
 server's model worker on the same first core. This starts two servers of the profile's ROLE model
 the way a user would, one command after the other (the second once the first answers
-`/health`; `medclaw.bench.routing.start_servers`), then keeps both busy at once: REQUESTS completions of exactly TOKENS tokens each
-(`ignore_eos`), sent CONCURRENCY at a time to each. Once as a user's shell runs them (no
-`VLLM_CPU_OMP_THREADS_BIND`: "free_cores") and once with `VLLM_CPU_OMP_THREADS_BIND=auto` for both
-("auto", which `serve` leaves alone), alternating, so that both see the same machine.
+`/health`; `medclaw.bench.routing.start_servers`), then keeps both busy at once: REQUESTS
+completions of exactly TOKENS tokens each (`ignore_eos`), sent CONCURRENCY at a time to each.
+Once as a user's shell runs them (no `VLLM_CPU_OMP_THREADS_BIND`: "free_cores") and once with
+`VLLM_CPU_OMP_THREADS_BIND=auto` for both ("auto", which `serve` leaves alone), alternating, so
+that both see the same machine.
 
     python benchmarks/serve_binding.py [--profile tiny-cpu] [--role orchestrator] [--repeat 2]
                                        [--out benchmarks/results/serve-binding-cpu.json]
@@ -30,9 +31,9 @@ from pathlib import Path
 from statistics import median
 
 from medclaw.bench import engine_benchmark_parser, parse_engine_benchmark, print_result
+from medclaw.engine.backends.cpu_binding import BIND_VARIABLE
 
 REQUESTS, TOKENS, CONCURRENCY = 24, 256, 8
-BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
 NOTE_START = "medclaw: running vLLM workers"      # the line `serve` prints when it binds
 
 
@@ -45,15 +46,12 @@ def post_json(url: str, body: dict) -> dict:
 
 def worker_cores(server) -> list[int]:
     """The cores the model worker below server process `server` is bound to (read, not assumed)."""
-    import psutil
+    from medclaw.engine.backends.cpu_binding import worker_cores as cores_below
 
-    from medclaw.engine.backends.cpu_binding import WORKER_TITLE
-
-    workers = [p for p in psutil.Process(server.pid).children(recursive=True)
-               if " ".join(p.cmdline()).startswith(WORKER_TITLE)]
-    if not workers:
-        raise SystemExit(f"no {WORKER_TITLE} process below server pid {server.pid}")
-    return sorted({core for worker in workers for core in worker.cpu_affinity()})
+    cores = cores_below(server.pid)
+    if cores is None:
+        raise SystemExit(f"no vLLM model worker process below server pid {server.pid}")
+    return cores
 
 
 def keep_busy(base_url: str) -> float:

@@ -103,6 +103,11 @@ def bound_as_asked(binding: str | None, cores: list[int] | None) -> bool:
     return sorted(int(core) for core in binding.split(",")) == cores
 
 
+def _is_worker(process) -> bool:
+    """Whether psutil `process` is a vLLM model worker (by the title vLLM gives it)."""
+    return " ".join(process.cmdline()).startswith(WORKER_TITLE)
+
+
 def worker_cores(engine_core_pid: int | None) -> list[int] | None:
     """The cores the model worker(s) below `engine_core_pid` are bound to; None when unknown."""
     if engine_core_pid is None:
@@ -111,7 +116,7 @@ def worker_cores(engine_core_pid: int | None) -> list[int] | None:
 
     try:
         workers = [p for p in psutil.Process(engine_core_pid).children(recursive=True)
-                   if " ".join(p.cmdline()).startswith(WORKER_TITLE)]
+                   if _is_worker(p)]
         return sorted({core for worker in workers for core in worker.cpu_affinity()}) or None
     except psutil.Error:
         return None
@@ -124,7 +129,7 @@ def cores_of_running_workers() -> dict[int, list[int]]:
     found = {}
     for process in psutil.process_iter():
         try:
-            if " ".join(process.cmdline()).startswith(WORKER_TITLE):
+            if _is_worker(process):
                 found[process.pid] = sorted(process.cpu_affinity())
         except psutil.Error:            # gone, or another user's
             continue
