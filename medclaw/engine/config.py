@@ -29,6 +29,9 @@ class EpisodeConfig:
     min_tool_steps: int = 0              # steps before final_answer is offered (evidence first;
                                          # capped at max_steps - 1)
     orchestrator_max_tokens: int = 512
+    # Cap on every sub-agent reply (timelines, stage-2 windows, frame and region descriptions, the
+    # one-shot answer); None = each tool's own budget (medclaw/tools/prompts.py).
+    sub_agent_max_tokens: int | None = None
     orchestrator_temperature: float = 0.0
     forced_answer_max_tokens: int = 256
     forced_answer_grace_s: float = 120.0  # the forced-answer call may run this long past max_wall_s
@@ -55,6 +58,9 @@ class EpisodeConfig:
                "min_tool_steps must be an integer >= 0")
         _check(isinstance(self.orchestrator_max_tokens, int) and self.orchestrator_max_tokens >= 16,
                "orchestrator_max_tokens must be an integer >= 16")
+        _check(self.sub_agent_max_tokens is None or (isinstance(self.sub_agent_max_tokens, int)
+                                                     and self.sub_agent_max_tokens >= 16),
+               "sub_agent_max_tokens must be an integer >= 16 (or null: the tools' own budgets)")
         _check(isinstance(self.forced_answer_max_tokens, int) and self.forced_answer_max_tokens >= 16,
                "forced_answer_max_tokens must be an integer >= 16")
         _check(_is_number(self.orchestrator_temperature) and 0 <= self.orchestrator_temperature <= 2,
@@ -98,9 +104,11 @@ PROFILE_EPISODE_DEFAULTS: dict[str, dict] = {
     # min_tool_steps: a random model picks final_answer at once otherwise, and the demo would show
     # no tool, frame or cache at work; temperature 1 varies its choices instead of repeating one
     # failing call until the failure limit (which calls it makes is noise either way).
+    # sub_agent_max_tokens: a random VLM fills every reply budget with noise (a 1024-token
+    # timeline took 9-20 s of a 2-core host); 64 tokens take every tool's path all the same.
     "tiny-cpu": dict(thought_max_chars=32, max_string_chars=32, max_array_items=2,
                      orchestrator_max_tokens=768, forced_answer_max_tokens=512, min_tool_steps=2,
-                     orchestrator_temperature=1.0),
+                     orchestrator_temperature=1.0, sub_agent_max_tokens=64),
 }
 
 

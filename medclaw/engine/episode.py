@@ -118,7 +118,8 @@ class _Episode:
         self.ctx = ToolContext(
             video=video, question=question, backends=runtime.backends_view(), specs=runtime.specs,
             frames=runtime.frames, knowledge_base=runtime.knowledge_base, skills=runtime.skills,
-            visual_token_budget=config.visual_token_budget)
+            visual_token_budget=config.visual_token_budget,
+            sub_agent_max_tokens=config.sub_agent_max_tokens)
         orchestrator_spec = runtime.specs.get("orchestrator")
         self.budget = Budget(config=config, ctx=self.ctx, reply_tokens=config.orchestrator_max_tokens,
                              max_context_tokens=getattr(orchestrator_spec, "max_model_len", 0) or 0)

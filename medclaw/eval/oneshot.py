@@ -60,7 +60,8 @@ async def run_oneshot(question: str, video, runtime, config, *, episode_id: str)
     started = time.monotonic()
     ctx = ToolContext(video=video, question=question, backends=runtime.backends_view(),
                       specs=runtime.specs, frames=runtime.frames,
-                      visual_token_budget=config.visual_token_budget)
+                      visual_token_budget=config.visual_token_budget,
+                      sub_agent_max_tokens=config.sub_agent_max_tokens)
     writer = TraceWriter(trace_path_for(config.trace_dir, episode_id))
     writer.header(episode_header(
         episode_id=episode_id, question=question, video=video, config=config, runtime=runtime,
@@ -69,12 +70,13 @@ async def run_oneshot(question: str, video, runtime, config, *, episode_id: str)
     answer, times, status = None, [], "failed: no answer"
     try:
         backend = await backend_for(ctx, ROLE)
-        plan = plan_clip(ctx, ROLE, Window(0.0, video.duration_s), max_tokens=MAX_TOKENS)
+        reply_tokens = ctx.reply_tokens(MAX_TOKENS)
+        plan = plan_clip(ctx, ROLE, Window(0.0, video.duration_s), max_tokens=reply_tokens)
         clip = await load_clip(ctx, plan)
         turn = instructions(video.duration_s) + f"Question: {question.strip()}"
         conversation = Conversation(system=VIDEO_EXPERT_SYSTEM)
         conversation.add_user(turn, media=[clip.media])
-        request = conversation.to_request(max_tokens=MAX_TOKENS, temperature=0.0,
+        request = conversation.to_request(max_tokens=reply_tokens, temperature=0.0,
                                           request_id=f"{episode_id}-oneshot")
         call_started = time.monotonic()
         result = await asyncio.wait_for(backend.generate_one(request), config.max_wall_s)

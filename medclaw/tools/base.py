@@ -29,10 +29,15 @@ class ToolContext:
     skills: Any = None                 # skills.library.SkillLibrary or None
     visual_tokens_used: int = 0        # charged by the tools, checked by the episode budget
     visual_token_budget: int = 10 ** 9
+    sub_agent_max_tokens: int | None = None   # EpisodeConfig's cap on sub-agent replies
 
     @property
     def visual_tokens_left(self) -> int:
         return max(0, self.visual_token_budget - self.visual_tokens_used)
+
+    def reply_tokens(self, budget: int) -> int:
+        """The tokens a sub-agent reply may take: the tool's `budget`, capped by the episode's."""
+        return budget if self.sub_agent_max_tokens is None else min(budget, self.sub_agent_max_tokens)
 
 
 class ToolError(MedClawError):

@@ -38,13 +38,14 @@ class CropVideoTool(Tool):
             raise ToolError("the query is empty")
         window = check_window(ctx.video, float(args["start_s"]), float(args["end_s"]))
         backend = await backend_for(ctx, ROLE)
-        plan = plan_clip(ctx, ROLE, window, max_tokens=prompts.TIMELINE_MAX_TOKENS)
+        reply_tokens = ctx.reply_tokens(prompts.TIMELINE_MAX_TOKENS)
+        plan = plan_clip(ctx, ROLE, window, max_tokens=reply_tokens)
         clip = await load_clip(ctx, plan)
         window = clip.window or window
         conversation = Conversation(system=prompts.VIDEO_EXPERT_SYSTEM)
         conversation.add_user(prompts.crop_video_prompt(window, query), media=[clip.media])
         result = await backend.generate_one(
-            conversation.to_request(max_tokens=prompts.TIMELINE_MAX_TOKENS, temperature=0.0))
+            conversation.to_request(max_tokens=reply_tokens, temperature=0.0))
         answer = strip_reasoning(result.text)
         if not answer.strip():
             return error_observation(

@@ -205,7 +205,7 @@ async def load_frame(ctx: ToolContext, role: str, time_s: float,
                             f"choose a region at least {MIN_CROP_SOURCE_PX} pixels on each side")
     src_w, src_h = max(1, round(src_w)), max(1, round(src_h))
     width, height = image_size(src_w, src_h, spec.min_pixels, spec.max_pixels)
-    available = tokens_available(ctx, spec, 0, FRAME_MAX_TOKENS)
+    available = tokens_available(ctx, spec, 0, ctx.reply_tokens(FRAME_MAX_TOKENS))
     if image_tokens(width, height) > available:
         # budget short: spend what is left, but never go below the model's min_pixels
         cap = max(spec.min_pixels, available * PATCH * PATCH)

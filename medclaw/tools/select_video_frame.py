@@ -33,7 +33,8 @@ async def describe_frame(tool: str, ctx: ToolContext, time_s: float, query: str,
     conversation = Conversation(system=prompts.FRAME_VERIFIER_SYSTEM)
     conversation.add_user(text, media=[clip.media])
     result = await backend.generate_one(
-        conversation.to_request(max_tokens=prompts.FRAME_MAX_TOKENS, temperature=0.0))
+        conversation.to_request(max_tokens=ctx.reply_tokens(prompts.FRAME_MAX_TOKENS),
+                                temperature=0.0))
     answer = strip_reasoning(result.text).strip()
     if not answer:
         return error_observation(

@@ -63,14 +63,15 @@ class ViewFullVideoTool(Tool):
         backend = await backend_for(ctx, ROLE)
 
         # --- stage 1: whole video, low resolution -------------------------------------------
-        plan1 = plan_clip(ctx, ROLE, whole, max_tokens=prompts.TIMELINE_MAX_TOKENS,
+        timeline_tokens = ctx.reply_tokens(prompts.TIMELINE_MAX_TOKENS)
+        plan1 = plan_clip(ctx, ROLE, whole, max_tokens=timeline_tokens,
                           share=STAGE1_SHARE)
         clip1 = await load_clip(ctx, plan1)
         conversation = Conversation(system=prompts.VIDEO_EXPERT_SYSTEM)
         conversation.add_user(prompts.stage1_instructions(video.duration_s)
                               + prompts.stage1_query(query), media=[clip1.media])
         stage1 = await backend.generate_one(
-            conversation.to_request(max_tokens=prompts.TIMELINE_MAX_TOKENS, temperature=0.0))
+            conversation.to_request(max_tokens=timeline_tokens, temperature=0.0))
         timeline = parse_timeline(stage1.text)
         raw_candidate = parse_window(stage1.text, require_label=True)
         candidate = raw_candidate.clamp(0.0, video.duration_s) if raw_candidate else None
@@ -96,9 +97,10 @@ class ViewFullVideoTool(Tool):
         conversation.add_assistant(stage1.text)
         context_tokens = max(stage1.num_prompt_tokens, clip1.num_visual_tokens) \
             + stage1.num_completion_tokens
+        refine_tokens = ctx.reply_tokens(prompts.REFINE_MAX_TOKENS)
         try:
             plan2 = plan_clip(ctx, ROLE, search, context_tokens=context_tokens,
-                              max_tokens=prompts.REFINE_MAX_TOKENS)
+                              max_tokens=refine_tokens)
         except VisualBudgetError as err:
             report.refined_note = f"not refined ({err}); using the candidate window"
             report.window, report.window_source = candidate, "candidate"
@@ -109,7 +111,7 @@ class ViewFullVideoTool(Tool):
         report.clip2_size = (clip2.frames[0].width, clip2.frames[0].height)
         conversation.add_user(prompts.stage2_prompt(search, query), media=[clip2.media])
         stage2 = await backend.generate_one(
-            conversation.to_request(max_tokens=prompts.REFINE_MAX_TOKENS, temperature=0.0))
+            conversation.to_request(max_tokens=refine_tokens, temperature=0.0))
         obs.frames.extend(clip2.frames)
         obs.model_calls.append(stage2)
 

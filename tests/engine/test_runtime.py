@@ -259,7 +259,7 @@ def test_episode_config_validates_with_one_line_errors():
     assert EpisodeConfig().max_steps >= 1
     for bad in ({"max_steps": 0}, {"warn_at": 0}, {"warn_at": 1.5}, {"max_wall_s": -1},
                 {"concurrency": 0}, {"orchestrator_temperature": 3.0}, {"max_steps": "8"},
-                {"trace_dir": ""}):
+                {"trace_dir": ""}, {"sub_agent_max_tokens": 8}, {"sub_agent_max_tokens": 64.0}):
         with pytest.raises(ConfigError) as info:
             EpisodeConfig.from_dict(bad)
         assert "\n" not in str(info.value)
@@ -278,6 +278,8 @@ def test_episode_section_of_yaml_then_flags(tmp_path):
     assert load_episode_config(None, profile="qwen-7b").to_dict() == EpisodeConfig().to_dict()
     tiny = load_episode_config(None)                                       # default profile
     assert tiny.max_string_chars == PROFILE_EPISODE_DEFAULTS["tiny-cpu"]["max_string_chars"]
+    # random weights fill every reply budget with noise: tiny-cpu caps the sub-agents' replies
+    assert tiny.sub_agent_max_tokens == 64 and EpisodeConfig().sub_agent_max_tokens is None
     (tmp_path / "prof.yaml").write_text("profile: qwen-7b\nepisode: {max_steps: 3}\n")
     assert load_episode_config(tmp_path / "prof.yaml").max_string_chars is None
     assert load_episode_config(path, profile="tiny-cpu").max_steps == 5     # YAML beats profile

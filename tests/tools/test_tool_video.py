@@ -389,6 +389,29 @@ async def test_frame_verifier_empty_reply_keeps_the_evidence(make_ctx):
     assert len(obs.model_calls) == 1 and len(obs.frames) == 1 and ctx.visual_tokens_used > 0
 
 
+@pytest.mark.parametrize("cap", [None, 64])
+async def test_every_sub_agent_reply_keeps_the_episode_s_cap(make_ctx, cap):
+    """`EpisodeConfig.sub_agent_max_tokens` (here on the context) caps each sub-agent request's
+    reply budget; unset, each tool asks for its own."""
+    from medclaw.tools import prompts
+
+    ctx = make_ctx([STAGE1, STAGE2, "[00:00-00:05] dissection"], ["a frame", "a region"])
+    ctx.sub_agent_max_tokens = cap
+    registry = default_registry()
+    for tool, args in (("view_full_video", {"query": "q"}),
+                       ("crop_video", {"start_s": 0.0, "end_s": 10.0, "query": "q"}),
+                       ("select_video_frame", {"time_s": 5.0, "query": "q"}),
+                       ("crop_video_frame", {"time_s": 5.0, "x1": 0.0, "y1": 0.0, "x2": 1.0,
+                                             "y2": 0.5, "query": "q"})):
+        assert (await registry.run(ctx, tool, args)).error is None, tool
+    asked = [r.max_tokens for role in ("video_expert", "frame_verifier")
+             for r in ctx.backends[role].requests]
+    own = [prompts.TIMELINE_MAX_TOKENS, prompts.REFINE_MAX_TOKENS, prompts.TIMELINE_MAX_TOKENS,
+           prompts.FRAME_MAX_TOKENS, prompts.FRAME_MAX_TOKENS]
+    assert asked == (own if cap is None else [min(cap, n) for n in own])
+    assert cap is None or set(asked) == {cap}
+
+
 async def test_decodes_do_not_need_the_default_executor(make_ctx, video):
     """Frames are decoded in the frame source's own threads: with the loop's default executor
     fully taken (by, say, episodes probing videos), a tool's decode still completes."""
