@@ -53,7 +53,7 @@ def _has_cuda() -> bool:
 # one of its two workers (--dist loadfile with the scheduler below), so that one worker starts
 # those engines, not both: two engine starts less. pytest-xdist's own grouping (`xdist_group`,
 # --dist loadgroup) does not work under pytest 9, and a scheduler sees test ids only, so the list
-# is written here; collection checks it against the fixtures the tests really use.
+# is written here; collection fails while a module on those engines is missing from it.
 SESSION_ENGINES = {"llm_engine", "vlm_engine"}
 SESSION_ENGINE_MODULES = {
     "tests/bench/test_bench_e2e.py", "tests/cli/test_cli_ask.py",
