@@ -5,6 +5,7 @@ catches a server that keeps 32, stage 2 reuses the KV without re-uploading stage
 the cached tokens of a whole episode's trace equal the server's own /metrics counters."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -184,8 +185,10 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
         server = subprocess.Popen(medclaw + ["models", "serve", PRESET, "--port", str(port)],
                                   stdout=out, stderr=log, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    segments: set[str] = set()
     try:
         wait_until_healthy(url, server, log_path, START_TIMEOUT_S)
+        segments = _shared_memory_of(server.pid)
         config = root / "medclaw.yaml"
         config.write_text(out_path.read_text())          # the lines `serve` printed, verbatim
         with pytest.MonkeyPatch.context() as patch:      # this module's store, for load_models
@@ -199,6 +202,23 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        # a server killed with its process group (the last test's SIGKILL) takes its resource
+        # tracker with it: vLLM's message queues (~400 MB each run) would stay in /dev/shm
+        for path in segments:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _shared_memory_of(pid: int) -> set[str]:
+    """The POSIX shared-memory files the process and its children map (vLLM's message queues)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    paths = set()
+    for process in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            paths |= {m.path for m in process.memory_maps() if m.path.startswith("/dev/shm/psm_")}
+    return paths
 
 
 @pytest.fixture(scope="module")
