@@ -5,7 +5,6 @@ catches a server that keeps 32, stage 2 reuses the KV without re-uploading stage
 the cached tokens of a whole episode's trace equal the server's own /metrics counters."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ import yaml
 from medclaw.cli import main
 from medclaw.models.serve import vllm_is_cpu_build
 from medclaw.engine.backends.base import FidelityError, PromptPlan, media_tokens, render_prompt
+from medclaw.engine.backends.shared_memory import release_shared_memory, shared_memory_of
 from medclaw.requests.conversation import Conversation, media_uuid
 from medclaw.types import MediaItem
 
@@ -188,7 +188,7 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
     segments: set[str] = set()
     try:
         wait_until_healthy(url, server, log_path, START_TIMEOUT_S)
-        segments = _shared_memory_of(server.pid)
+        segments = shared_memory_of(server.pid)
         config = root / "medclaw.yaml"
         config.write_text(out_path.read_text())          # the lines `serve` printed, verbatim
         with pytest.MonkeyPatch.context() as patch:      # this module's store, for load_models
@@ -204,21 +204,7 @@ def served(tiny_models, tmp_path_factory, wait_until_healthy):
             server.wait()
         # a server killed with its process group (the last test's SIGKILL) takes its resource
         # tracker with it: vLLM's message queues (~400 MB each run) would stay in /dev/shm
-        for path in segments:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-
-def _shared_memory_of(pid: int) -> set[str]:
-    """The POSIX shared-memory files the process and its children map (vLLM's message queues)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    paths = set()
-    for process in (root, *root.children(recursive=True)):
-        with contextlib.suppress(psutil.Error):
-            paths |= {m.path for m in process.memory_maps() if m.path.startswith("/dev/shm/psm_")}
-    return paths
+        release_shared_memory(segments)
 
 
 @pytest.fixture(scope="module")

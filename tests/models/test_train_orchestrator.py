@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +21,7 @@ import psutil
 import pytest
 
 from medclaw.engine.backends.base import render_prompt
+from medclaw.engine.backends.shared_memory import shared_memory_of
 from medclaw.engine.orchestrator_prompt import build_question_turn, build_system_prompt
 from medclaw.models import orchestrator_data as D
 from medclaw.models import train_orchestrator as T
@@ -363,10 +365,14 @@ def test_trained_model_drives_the_episode_in_vllm(cases, root, tiny_llm_spec):
     backend = VLLMBackend(replace(tiny_llm_spec, name="trained-orchestrator", path=str(folder)))
     engine_processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
                         and "resource_tracker" not in " ".join(p.cmdline())]   # multiprocessing's, kept
+    segments = shared_memory_of(backend._engine_core_pid)     # vLLM's message queues
     try:
         replayed = _play(chosen, root, student=backend)
     finally:
         backend.shutdown()
+    # the engine was killed (below), so its queues were released by shutdown, not left to the
+    # resource tracker's "leaked shared_memory objects" warning at exit
+    assert segments and not [path for path in segments if os.path.exists(path)]
     # the engine core, this process's own child, was reaped by shutdown: not even a zombie left
     # below us (checked before wait_procs, which would reap it itself)
     assert not [p for p in psutil.Process().children() if p.pid in {e.pid for e in engine_processes}]

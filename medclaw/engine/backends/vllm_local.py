@@ -45,6 +45,7 @@ from medclaw.engine.backends.base import (
 from medclaw.engine.backends.cpu_binding import (
     BIND_VARIABLE, bound_as_asked, construct_with_env, worker_cores,
 )
+from medclaw.engine.backends.shared_memory import release_shared_memory, shared_memory_of
 from medclaw.requests.output_format import split_output
 from medclaw.errors import ConfigError, EngineLostError, RunFailedError, first_line
 from medclaw.models.quantization import check_vllm_loaded, vllm_quantization
@@ -321,6 +322,8 @@ class VLLMBackend(Backend):
             return
         self._closed = True
         atexit.unregister(self.shutdown)
+        # read while the engine runs: a killed engine leaves its message queues behind
+        segments = shared_memory_of(self._engine_core_pid) if self._engine_core_pid else set()
         if self._loop.is_running():
             try:
                 asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(SHUTDOWN_TIMEOUT_S)
@@ -330,6 +333,7 @@ class VLLMBackend(Backend):
         if not self._thread.is_alive():
             self._loop.close()
         self._reap_engine_core()
+        release_shared_memory(segments)
 
     def _reap_engine_core(self) -> None:
         """vLLM kills its engine core process without joining it, so it stayed a zombie below
