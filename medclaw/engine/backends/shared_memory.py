@@ -10,8 +10,8 @@ outright (a crashed server) takes the tracker with it, and the queues stay in /d
 
 - `shared_memory_of(pid)`: the segments `pid` and its children map (read from the processes
   while they run, so only that engine's own).
-- `release_shared_memory(paths)`: unlinks those still there once their processes are gone, and tells the
-  resource tracker, so it neither warns nor unlinks a name twice.
+- `release_shared_memory(paths)`: unlinks those still there once their processes are gone, and
+  tells the resource tracker, so it neither warns nor unlinks a name twice.
 """
 from __future__ import annotations
 
@@ -41,9 +41,7 @@ def release_shared_memory(paths: set[str]) -> list[str]:
     are gone); returns those it unlinked."""
     released = []
     for path in sorted(paths):
-        if not os.path.exists(path):
-            continue                               # unlinked by its owner on a clean exit
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):    # unlinked by its owner on a clean exit
             # attaching registers the name with this process's resource tracker (Python < 3.13
             # always does) and unlink() unregisters it: the tracker forgets it either way
             segment = shared_memory.SharedMemory(name=os.path.basename(path))
